@@ -1,0 +1,479 @@
+"""``RuntimeEnvAgent``: builds, caches and hands out environments, on one event loop.
+
+Who calls it: the Jupyter server extension (one agent per server), the embedded client in a
+kernel or script when there is no server, the CLI, and tests. Every blocking call (the
+cache's files and index, sync plugins) goes to a thread; subprocesses are
+``create_subprocess_exec``; the loop is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from ..context import ContextBuilder, EnvContext
+from ..errors import BuildError, BuildTimeout, EnvInUse, EnvNotFound, RuntimeEnvError
+from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
+from ..plugins.registry import PluginRegistry, default_registry
+from ..spec import RuntimeEnvSpec, parse
+from .build import EnvLog, ResourceBuild
+from .cache import Cache
+from .events import Event, EventBus, Listener
+from .limits import Limiter
+from .state import EnvRecord, EnvState, EnvStateMachine, Transition
+
+DEFAULT_MAX_CACHE_BYTES = 10 * 2**30
+
+Active = tuple[str, RuntimeEnvPlugin, Any]
+
+
+class RuntimeEnvAgent:
+    """Builds environments from specs, concurrently, each at most once.
+
+    ``async with RuntimeEnvAgent(cache_dir) as agent: ctx = await agent.get_or_create(spec,
+    holder)``. ``build_timeout`` caps every spec's ``config.setup_timeout_seconds``.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
+        max_concurrent_installs: int = 2,
+        max_concurrent_downloads: int = 4,
+        build_timeout: float | None = None,
+        registry: PluginRegistry | None = None,
+        failure_ttl: float = 30.0,
+    ) -> None:
+        self._cache_dir = cache_dir
+        self.max_cache_bytes = max_cache_bytes
+        self.build_timeout = build_timeout
+        self.registry = registry or default_registry()
+        self.limiter = Limiter(max_concurrent_installs, max_concurrent_downloads)
+        self.events = EventBus()
+        self._machine = EnvStateMachine(failure_ttl)
+        self._cache: Cache | None = None
+        self._builds: dict[str, asyncio.Task[None]] = {}
+        self._done: dict[str, asyncio.Future[None]] = {}
+        self._resources: dict[str, asyncio.Task[Path]] = {}
+        self._resource_waiters: dict[str, int] = {}
+        self._logs: dict[str, EnvLog] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._gc_lock = asyncio.Lock()
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the cache and sweep what interrupted builds left. Called by the owner."""
+        if self._cache is None:
+            self._cache = await asyncio.to_thread(Cache, self._cache_dir)
+            await asyncio.to_thread(self._cache.sweep)
+
+    async def stop(self) -> None:
+        """Cancel every build (killing its processes), drop this process's references, close."""
+        self._stopping = True
+        tasks = [*self._builds.values(), *self._resources.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.events.close()
+        if self._cache is not None:
+            cache, self._cache = self._cache, None
+            await asyncio.to_thread(cache.drop_refs_of_pid, os.getpid())
+            await asyncio.to_thread(cache.close)
+
+    async def __aenter__(self) -> RuntimeEnvAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def cache(self) -> Cache:
+        if self._cache is None:
+            raise RuntimeEnvError("the agent is not started (use 'async with' or 'await start()')")
+        return self._cache
+
+    # -- requests -------------------------------------------------------------------------
+
+    def parse(self, data: Any) -> RuntimeEnvSpec:
+        """Parse with this agent's plugins. Blocking (may hash files): use a thread on a loop."""
+        return parse(data, registry=self.registry)
+
+    async def ensure(self, spec: RuntimeEnvSpec, holder: str, *, retry: bool = False) -> dict[str, Any]:
+        """Take a reference for ``holder`` and start building if needed; return the status
+        now (``wait`` for the result)."""
+        cache = self.cache
+        env_id = spec.env_id
+        record = self._machine.get(env_id)
+        if record is None:
+            found = await asyncio.to_thread(cache.find_env, env_id)
+            if found is not None:
+                record = self._machine.adopt(env_id, found[0], found[1], time.time())
+                self._publish_state(Transition(env_id, None, EnvState.READY))
+        record, must_build, transitions = self._machine.request(
+            env_id, spec.to_json(), holder, time.time(), retry=retry
+        )
+        for transition in transitions:
+            self._publish_state(transition)
+        if record.state is not EnvState.FAILED:
+            await asyncio.to_thread(cache.add_ref, env_id, holder)
+        if must_build:
+            self._done[env_id] = asyncio.get_running_loop().create_future()
+            self._builds[env_id] = asyncio.create_task(self._build(spec), name=f"build {env_id[:12]}")
+        return record.to_json()
+
+    async def wait(self, env_id: str) -> EnvContext:
+        """The env's context once READY; the ``BuildError`` if it failed."""
+        record = self._record(env_id)
+        if record.state in (EnvState.PENDING, EnvState.BUILDING):
+            await asyncio.shield(self._done[env_id])
+        if record.state is EnvState.FAILED:
+            assert record.error is not None
+            raise BuildError.from_json(record.error)
+        assert record.context is not None
+        return EnvContext.from_json(record.context)
+
+    async def get_or_create(
+        self, spec: RuntimeEnvSpec | Mapping[str, Any], holder: str, *, retry: bool = False
+    ) -> EnvContext:
+        """Build ``spec`` if needed (once, whoever else asks) and return its context."""
+        if not isinstance(spec, RuntimeEnvSpec):
+            spec = await asyncio.to_thread(self.parse, spec)
+        status = await self.ensure(spec, holder, retry=retry)
+        return await self.wait(status["env_id"])
+
+    async def release(self, env_id: str, holder: str) -> bool:
+        """Drop ``holder``'s reference; unreferenced resources become evictable."""
+        held = self._machine.release(env_id, holder)
+        await asyncio.to_thread(self.cache.remove_ref, env_id, holder)
+        return held
+
+    async def release_holder(self, holder: str) -> list[str]:
+        """Drop every reference of ``holder`` (a kernel that is gone); the env ids released."""
+        released = [r.env_id for r in self._machine.records.values() if holder in r.holders]
+        for env_id in released:
+            await self.release(env_id, holder)
+        return released
+
+    async def remove(self, env_id: str, *, force: bool = False) -> list[str]:
+        """Forget an env and delete the resources no other env uses; returns their URIs.
+
+        ``EnvInUse`` while others hold it, unless ``force``.
+        """
+        holders = await asyncio.to_thread(self.cache.holders, env_id)
+        record = self._machine.get(env_id)
+        if record is None and not await asyncio.to_thread(self.cache.env_uris, env_id) and not holders:
+            if await asyncio.to_thread(self.cache.find_env, env_id) is None:
+                raise EnvNotFound(env_id)
+        if holders and not force:
+            raise EnvInUse(f"environment {env_id} is held by {', '.join(holders)}; use force to remove it")
+        if env_id in self._builds:
+            self._builds[env_id].cancel()
+            with contextlib.suppress(BaseException):
+                await self._builds[env_id]
+        self._machine.forget(env_id)
+        orphaned = await asyncio.to_thread(self.cache.forget_env, env_id)
+        removed = []
+        for uri in orphaned:
+            if await self._evict(uri):
+                removed.append(uri)
+        self._publish_state(Transition(env_id, record.state if record else None, EnvState.PENDING), removed=True)
+        return removed
+
+    # -- observation -------------------------------------------------------------------------
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Every env this agent or its cache knows, with state, holders and steps."""
+        out = {env_id: r.to_json() for env_id, r in self._machine.records.items()}
+        for env in await asyncio.to_thread(self.cache.envs):
+            if env["env_id"] not in out:
+                out[env["env_id"]] = {**env, "state": EnvState.READY.value, "error": None, "steps": {}}
+            else:
+                out[env["env_id"]]["holders"] = sorted({*out[env["env_id"]]["holders"], *env["holders"]})
+        return sorted(out.values(), key=lambda e: e.get("created", 0))
+
+    async def env_status(self, env_id: str) -> dict[str, Any]:
+        for env in await self.status():
+            if env["env_id"] == env_id:
+                return env
+        raise EnvNotFound(env_id)
+
+    async def log(self, env_id: str) -> str:
+        """The build log of an env (also after a restart, from its file)."""
+        if env_id in self._logs:
+            return self._logs[env_id].text()
+        path = self.cache.log_path(env_id)
+        try:
+            return await asyncio.to_thread(path.read_text, encoding="utf-8")
+        except FileNotFoundError:
+            if self._machine.get(env_id) is not None or await asyncio.to_thread(self.cache.find_env, env_id):
+                return ""
+            raise EnvNotFound(env_id) from None
+
+    def subscribe(self) -> AsyncIterator[Event]:
+        return self.events.subscribe()
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        return self.events.add_listener(listener)
+
+    async def gc(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """Evict unreferenced resources, least recently used first, down to ``max_bytes``
+        (default: the agent's ``max_cache_bytes``). Returns what was evicted."""
+        limit = self.max_cache_bytes if max_bytes is None else max_bytes
+        evicted: list[dict[str, Any]] = []
+        async with self._gc_lock:
+            for item in await asyncio.to_thread(self.cache.eviction_candidates, limit):
+                if item.uri in self._resources:
+                    continue  # being built right now
+                if await self._evict(item.uri, item.plugin, item.path):
+                    evicted.append({"uri": item.uri, "plugin": item.plugin, "size": item.size})
+        return evicted
+
+    # -- building --------------------------------------------------------------------------
+
+    def _record(self, env_id: str) -> EnvRecord:
+        record = self._machine.get(env_id)
+        if record is None:
+            raise EnvNotFound(env_id)
+        return record
+
+    def _active(self, spec: RuntimeEnvSpec) -> list[Active]:
+        active: list[Active] = []
+        for name, value in spec.fields.items():
+            plugin = self.registry.for_field(name)
+            if plugin is not None:
+                active.append((name, plugin, value))
+        for path, value in spec.plugins.items():
+            active.append((path, self.registry.by_path(path), value))
+        return sorted(active, key=lambda a: (a[1].priority, a[0]))
+
+    def _deadline(self, spec: RuntimeEnvSpec) -> float | None:
+        limits = [t for t in (spec.config.setup_timeout_seconds, self.build_timeout) if t]
+        return min(limits) if limits else None
+
+    async def _build(self, spec: RuntimeEnvSpec) -> None:
+        env_id = spec.env_id
+        cache = self.cache
+        log = EnvLog(cache.log_path(env_id), lambda step, line: self._publish(env_id, "log", step=step, line=line))
+        self._logs[env_id] = log
+        self._publish_state(self._machine.start(env_id, time.time()))
+        deadline = self._deadline(spec)
+        try:
+            try:
+                context = await asyncio.wait_for(self._build_steps(spec, log), deadline)
+            except asyncio.TimeoutError:
+                running = [n for n, s in self._machine.records[env_id].steps.items() if s.get("status") == "running"]
+                raise BuildTimeout(
+                    f"the build did not finish within {deadline:g} s (config.setup_timeout_seconds);"
+                    " every step was cancelled and its processes killed",
+                    env_id=env_id,
+                    step=", ".join(running),
+                    output_tail=log.lines[-30:],
+                    log_path=str(log.path),
+                ) from None
+            await asyncio.to_thread(cache.record_env, env_id, spec.to_json(), context.to_json(), self._uris_of(env_id))
+            self._publish_state(self._machine.succeed(env_id, context.to_json(), time.time()))
+        except asyncio.CancelledError:
+            self._fail(env_id, BuildError("the build was cancelled", env_id=env_id, log_path=str(log.path)))
+            raise
+        except BuildError as exc:
+            exc.env_id = exc.env_id or env_id
+            exc.log_path = exc.log_path or str(log.path)
+            self._fail(env_id, exc)
+        except Exception as exc:  # a plugin bug must fail this env, not the agent
+            self._fail(env_id, BuildError(f"{type(exc).__name__}: {exc}", env_id=env_id, log_path=str(log.path)))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(log.flush())
+            done = self._done.get(env_id)
+            if done is not None and not done.done():
+                done.set_result(None)
+            self._builds.pop(env_id, None)
+        if not self._stopping and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes:
+            self._spawn(self.gc())
+
+    def _uris_of(self, env_id: str) -> list[str]:
+        steps = self._machine.records[env_id].steps
+        return sorted({s["uri"] for s in steps.values() if s.get("uri")})
+
+    def _fail(self, env_id: str, error: BuildError) -> None:
+        if env_id in self._machine.records and self._machine.records[env_id].state is EnvState.BUILDING:
+            self._publish_state(self._machine.fail(env_id, error.to_json(), time.time()), error=error.to_json())
+
+    async def _build_steps(self, spec: RuntimeEnvSpec, log: EnvLog) -> EnvContext:
+        env_id = spec.env_id
+        active = self._active(spec)
+        uris: dict[str, list[str]] = {}
+        for name, plugin, value in active:
+            uris[name] = list(await call_maybe_sync(plugin.uris, value, spec, to_thread=asyncio.to_thread))
+        jobs = [(name, plugin, value, uri) for name, plugin, value in active for uri in uris[name]]
+        tasks = [
+            asyncio.create_task(self._need_resource(spec, log, name, plugin, value, uri)) for name, plugin, value, uri in jobs
+        ]
+        try:
+            paths = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        ctx = ContextBuilder(resource_paths={job[3]: str(path) for job, path in zip(jobs, paths)})
+        for name, plugin, value in active:
+            try:
+                await call_maybe_sync(plugin.modify_context, uris[name], value, ctx, to_thread=asyncio.to_thread)
+            except BuildError:
+                raise
+            except Exception as exc:
+                raise BuildError(f"modify_context failed: {type(exc).__name__}: {exc}", env_id=env_id, step=name) from exc
+        return ctx.freeze(env_id)
+
+    async def _need_resource(
+        self, spec: RuntimeEnvSpec, log: EnvLog, name: str, plugin: RuntimeEnvPlugin, value: Any, uri: str
+    ) -> Path:
+        """The resource ``uri``, created once however many builds need it at the same time."""
+        env_id = spec.env_id
+        step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
+        started = time.time()
+        self._step(env_id, step, status="running", uri=uri, started=started)
+        task = self._resources.get(uri)
+        if task is None:
+            task = asyncio.create_task(self._create_resource(spec, log, name, step, plugin, value, uri))
+            self._resources[uri] = task
+            task.add_done_callback(lambda _t: self._resources.pop(uri, None))
+        self._resource_waiters[uri] = self._resource_waiters.get(uri, 0) + 1
+        try:
+            path = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() or self._resource_waiters[uri] > 1:
+                raise
+            task.cancel()  # the last one waiting: stop the work
+            with contextlib.suppress(BaseException):
+                await task
+            raise
+        except BaseException:
+            self._step(env_id, step, status="failed", ended=time.time())
+            raise
+        finally:
+            self._resource_waiters[uri] -= 1
+            if not self._resource_waiters[uri]:
+                del self._resource_waiters[uri]
+            if self._machine.get(env_id) and self._machine.records[env_id].steps.get(step, {}).get("status") == "running":
+                self._step(env_id, step, status="cancelled", ended=time.time())
+        info = getattr(task, "_jre_cached", False)
+        self._step(env_id, step, status="cached" if info else "done", ended=time.time())
+        return path
+
+    async def _create_resource(
+        self, spec: RuntimeEnvSpec, log: EnvLog, name: str, step: str, plugin: RuntimeEnvPlugin, value: Any, uri: str
+    ) -> Path:
+        cache = self.cache
+        current = asyncio.current_task()
+        found = await asyncio.to_thread(cache.lookup, uri)
+        if found is not None:
+            setattr(current, "_jre_cached", True)
+            return found
+        lock = cache.lock_for(uri)
+        await _acquire(lock)
+        try:
+            found = await asyncio.to_thread(cache.lookup, uri)  # built by another process meanwhile
+            if found is not None:
+                setattr(current, "_jre_cached", True)
+                return found
+            tmp = await asyncio.to_thread(cache.new_tmp)
+            build = ResourceBuild(
+                env_id=spec.env_id, spec=spec, uri=uri, step=name, target=tmp, cache_root=cache.root,
+                log=log, limiter=self.limiter, resource_path=lambda u: cache.resource_path(name, u),
+            )
+            try:
+                size = await call_maybe_sync(plugin.create, uri, value, build, to_thread=asyncio.to_thread)
+                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0))
+            except BuildError as exc:
+                exc.step = exc.step or name
+                exc.output_tail = exc.output_tail or list(build.tail)
+                raise
+            except Exception as exc:
+                raise BuildError(
+                    f"{type(exc).__name__}: {exc}", env_id=spec.env_id, step=name, output_tail=list(build.tail)
+                ) from exc
+            finally:
+                # Whatever happened, nothing half-built stays (commit renamed tmp away on success).
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        finally:
+            await asyncio.shield(asyncio.to_thread(lock.release))
+
+    async def _evict(self, uri: str, plugin_name: str | None = None, path: Path | None = None) -> bool:
+        cache = self.cache
+        lock = cache.lock_for(uri)
+        try:
+            await asyncio.to_thread(lock.acquire, 0)
+        except filelock.Timeout:
+            return False  # another process is building or evicting it
+        try:
+            if path is None:
+                row = next((r for r in await asyncio.to_thread(cache.resources) if r["uri"] == uri), None)
+                if row is None:
+                    return False
+                plugin_name, path = row["plugin"], Path(row["path"])
+            if await asyncio.to_thread(cache.lookup, uri) is None:
+                return False
+            forgotten = await asyncio.to_thread(cache.forget_resource, uri)
+            if await asyncio.to_thread(cache.lookup, uri) is not None:
+                return False  # it became referenced meanwhile
+            for env_id in forgotten:
+                record = self._machine.get(env_id)
+                if record is not None and not record.holders:
+                    self._machine.forget(env_id)
+            plugin = self.registry.for_field(plugin_name or "")
+            if plugin is not None:
+                with contextlib.suppress(Exception):
+                    await call_maybe_sync(plugin.delete, uri, path, to_thread=asyncio.to_thread)
+            await asyncio.to_thread(shutil.rmtree, path, True)
+            return True
+        finally:
+            await asyncio.to_thread(lock.release)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _step(self, env_id: str, step: str, **info: Any) -> None:
+        if self._machine.get(env_id) is None:
+            return
+        entry = self._machine.step(env_id, step, **info)
+        self._publish(env_id, "step", step=step, **entry)
+
+    def _publish_state(self, transition: Transition, **extra: Any) -> None:
+        self._publish(
+            transition.env_id,
+            "state",
+            old=transition.old.value if transition.old else None,
+            state=transition.new.value,
+            **extra,
+        )
+
+    def _publish(self, env_id: str, kind: Any, **data: Any) -> None:
+        self.events.publish(Event(kind, env_id, data))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _acquire(lock: filelock.FileLock) -> None:
+    """Take a cross-process file lock without blocking the loop, staying cancellable."""
+    while True:
+        try:
+            await asyncio.to_thread(lock.acquire, 0.2)
+            return
+        except filelock.Timeout:
+            continue

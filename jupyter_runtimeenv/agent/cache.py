@@ -1,0 +1,340 @@
+"""The content-addressed cache: resource directories under one root and their index.
+
+Layout of the root::
+
+    index.sqlite          resources, envs, which env uses which resource, references
+    resources/<plugin>/<key>/   one built resource (key: sha256 of its URI)
+    tmp/<pid>-<random>/   builds in progress; renamed into resources/ when complete
+    locks/<key>.lock      cross-process lock while a resource is built or evicted
+    logs/<env_id>.log     build logs
+    shared/               caches plugins share (uv's package cache)
+
+Everything here blocks (files, sqlite): the agent calls it through ``asyncio.to_thread``.
+SQLite in WAL mode with a busy timeout keeps the index consistent between processes; a
+resource enters the index only after its directory was renamed into place, so nothing
+half-built is ever found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import platformdirs
+
+CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS resources (
+    uri TEXT PRIMARY KEY, plugin TEXT NOT NULL, path TEXT NOT NULL,
+    size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS envs (
+    env_id TEXT PRIMARY KEY, spec TEXT NOT NULL, context TEXT NOT NULL,
+    created REAL NOT NULL, last_used REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS env_resources (
+    env_id TEXT NOT NULL, uri TEXT NOT NULL, PRIMARY KEY (env_id, uri));
+CREATE TABLE IF NOT EXISTS refs (
+    env_id TEXT NOT NULL, holder TEXT NOT NULL, pid INTEGER NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (env_id, holder));
+"""
+
+
+def default_cache_dir() -> Path:
+    """``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's user cache dir."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_cache_dir("jupyter-runtimeenv"))
+
+
+def resource_key(uri: str) -> str:
+    return hashlib.sha256(uri.encode()).hexdigest()[:32]
+
+
+def dir_size(path: Path) -> int:
+    """Bytes used by the files below ``path`` (hardlinked files counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+@dataclass(frozen=True)
+class Evicted:
+    uri: str
+    plugin: str
+    path: Path
+    size: int
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Cache:
+    """The cache at ``root``; safe to share between threads and between processes."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        for sub in ("resources", "tmp", "locks", "logs", "shared"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            self.root / "index.sqlite", timeout=30, check_same_thread=False, isolation_level=None
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def sweep(self) -> list[str]:
+        """Remove what interrupted builds left and references of processes that are gone.
+
+        Returns the paths removed. Called once when an agent starts.
+        """
+        removed: list[str] = []
+        for entry in (self.root / "tmp").iterdir():
+            pid_text = entry.name.split("-", 1)[0]
+            if pid_text.isdigit() and _pid_alive(int(pid_text)):
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(str(entry))
+        with self._tx() as db:
+            pids = [row[0] for row in db.execute("SELECT DISTINCT pid FROM refs")]
+            for pid in pids:
+                if not _pid_alive(pid):
+                    db.execute("DELETE FROM refs WHERE pid = ?", (pid,))
+            # Index rows whose directory vanished (removed by hand) are dropped.
+            for uri, path in list(db.execute("SELECT uri, path FROM resources")):
+                if not Path(path).is_dir():
+                    self._drop_resource(db, uri)
+        return removed
+
+    # -- resources --------------------------------------------------------------------------
+
+    def resource_path(self, plugin: str, uri: str) -> Path:
+        return self.root / "resources" / (plugin or "plugin") / resource_key(uri)
+
+    def lookup(self, uri: str) -> Path | None:
+        """The directory of a complete resource, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT path FROM resources WHERE uri = ?", (uri,)).fetchone()
+        if row is None or not Path(row[0]).is_dir():
+            return None
+        return Path(row[0])
+
+    def lock_for(self, uri: str) -> filelock.FileLock:
+        return filelock.FileLock(str(self.root / "locks" / f"{resource_key(uri)}.lock"))
+
+    def new_tmp(self) -> Path:
+        path = self.root / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path.mkdir()
+        return path
+
+    def commit(self, plugin: str, uri: str, tmp: Path, size: int | None) -> Path:
+        """Move a finished build into place and record it; the last step of every build."""
+        final = self.resource_path(plugin, uri)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # a stale directory the index does not know: never trust it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        if size is None or size <= 0:
+            size = dir_size(final)
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO resources VALUES (?, ?, ?, ?, ?, ?)",
+                (uri, plugin, str(final), size, now, now),
+            )
+        return final
+
+    def touch(self, uris: Iterable[str]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.executemany("UPDATE resources SET last_used = ? WHERE uri = ?", [(now, u) for u in uris])
+
+    def total_bytes(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM resources").fetchone()
+        return int(row[0])
+
+    def resources(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT uri, plugin, path, size, created, last_used FROM resources ORDER BY last_used"
+            ).fetchall()
+        referenced = self._referenced_uris()
+        return [
+            {"uri": r[0], "plugin": r[1], "path": r[2], "size": r[3], "created": r[4],
+             "last_used": r[5], "referenced": r[0] in referenced}
+            for r in rows
+        ]
+
+    def _referenced_uris(self) -> set[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT er.uri FROM env_resources er JOIN refs r ON r.env_id = er.env_id"
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def eviction_candidates(self, max_bytes: int) -> list[Evicted]:
+        """Unreferenced resources, least recently used first, whose removal brings the cache
+        to at most ``max_bytes``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT uri, plugin, path, size FROM resources ORDER BY last_used, created"
+            ).fetchall()
+        referenced = self._referenced_uris()
+        total = sum(r[3] for r in rows)
+        chosen: list[Evicted] = []
+        for uri, plugin, path, size in rows:
+            if total <= max_bytes:
+                break
+            if uri in referenced:
+                continue
+            chosen.append(Evicted(uri, plugin, Path(path), size))
+            total -= size
+        return chosen
+
+    def forget_resource(self, uri: str) -> list[str]:
+        """Drop a resource from the index (before its directory is removed) unless it became
+        referenced meanwhile; returns the env ids that used it (they are forgotten too)."""
+        with self._tx() as db:
+            if uri in self._referenced_uris():
+                return []
+            return self._drop_resource(db, uri)
+
+    def _drop_resource(self, db: sqlite3.Connection, uri: str) -> list[str]:
+        envs = [r[0] for r in db.execute("SELECT env_id FROM env_resources WHERE uri = ?", (uri,))]
+        db.execute("DELETE FROM resources WHERE uri = ?", (uri,))
+        for env_id in envs:
+            db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
+            db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
+        return envs
+
+    # -- environments -------------------------------------------------------------------
+
+    def record_env(self, env_id: str, spec: dict[str, Any], context: dict[str, Any], uris: list[str]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO envs VALUES (?, ?, ?, ?, ?)",
+                (env_id, json.dumps(spec), json.dumps(context), now, now),
+            )
+            db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
+            db.executemany("INSERT INTO env_resources VALUES (?, ?)", [(env_id, u) for u in uris])
+
+    def find_env(self, env_id: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(spec, context) of a recorded env whose resources are all present, else None."""
+        with self._lock:
+            row = self._db.execute("SELECT spec, context FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+            if row is None:
+                return None
+            uris = [r[0] for r in self._db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+        if any(self.lookup(u) is None for u in uris):
+            return None
+        return json.loads(row[0]), json.loads(row[1])
+
+    def env_uris(self, env_id: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+
+    def envs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT env_id, spec, context, created, last_used FROM envs").fetchall()
+            refs = self._db.execute("SELECT env_id, holder FROM refs").fetchall()
+        holders: dict[str, list[str]] = {}
+        for env_id, holder in refs:
+            holders.setdefault(env_id, []).append(holder)
+        return [
+            {"env_id": r[0], "spec": json.loads(r[1]), "context": json.loads(r[2]), "created": r[3],
+             "last_used": r[4], "holders": sorted(holders.get(r[0], []))}
+            for r in rows
+        ]
+
+    def forget_env(self, env_id: str) -> list[str]:
+        """Drop an env and its references; returns the URIs no other env uses."""
+        with self._tx() as db:
+            uris = [r[0] for r in db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+            db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
+            db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
+            db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
+            still_used = {r[0] for r in db.execute("SELECT DISTINCT uri FROM env_resources")}
+        return [u for u in uris if u not in still_used]
+
+    # -- references -----------------------------------------------------------------------
+
+    def add_ref(self, env_id: str, holder: str) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (env_id, holder, os.getpid(), now)
+            )
+            db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
+            db.execute(
+                "UPDATE resources SET last_used = ? WHERE uri IN "
+                "(SELECT uri FROM env_resources WHERE env_id = ?)",
+                (now, env_id),
+            )
+
+    def remove_ref(self, env_id: str, holder: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM refs WHERE env_id = ? AND holder = ?", (env_id, holder))
+
+    def holders(self, env_id: str) -> list[str]:
+        with self._lock:
+            return sorted(r[0] for r in self._db.execute("SELECT holder FROM refs WHERE env_id = ?", (env_id,)))
+
+    def drop_refs_of_pid(self, pid: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM refs WHERE pid = ?", (pid,))
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def log_path(self, env_id: str) -> Path:
+        return self.root / "logs" / f"{env_id}.log"

@@ -1,0 +1,139 @@
+"""``EnvContext``: the immutable result of building an environment.
+
+Plugins fill a mutable ``ContextBuilder`` in priority order; the agent freezes it into an
+``EnvContext``, which round-trips through JSON so that the server can hand it to a kernel.
+``compose`` turns a context and an argv into the argv to start: a list, never a shell string.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+#: The variable through which a worker (or a kernel's bootstrap) receives the ``sys.path``
+#: entries to put first: a JSON list, ``extra_paths`` then ``driver_sys_path``.
+SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
+#: The variable that tells a process which environment it runs in.
+ENV_ID_VAR = "JUPYTER_RUNTIMEENV_ENV_ID"
+
+
+@dataclass(frozen=True)
+class EnvContext:
+    """How to start a process inside an environment.
+
+    ``python`` is the interpreter; ``command_prefix`` goes before it (e.g. ``["nice", "-n",
+    "10"]``); ``env_vars`` are set on top of the parent's environment; ``cwd`` is the working
+    directory (``None``: the caller's); ``extra_paths`` (working_dir, py_modules) and then
+    ``driver_sys_path`` go first on ``sys.path``, in that order.
+    """
+
+    python: str = sys.executable
+    command_prefix: tuple[str, ...] = ()
+    env_vars: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cwd: str | None = None
+    driver_sys_path: tuple[str, ...] = ()
+    extra_paths: tuple[str, ...] = ()
+    env_id: str = ""
+
+    def __post_init__(self) -> None:
+        # Normalise containers so that equal contexts compare and hash equal.
+        object.__setattr__(self, "command_prefix", tuple(self.command_prefix))
+        object.__setattr__(self, "driver_sys_path", tuple(self.driver_sys_path))
+        object.__setattr__(self, "extra_paths", tuple(self.extra_paths))
+        object.__setattr__(self, "env_vars", MappingProxyType(dict(sorted(self.env_vars.items()))))
+
+    def __hash__(self) -> int:
+        return hash(self.to_json_str())
+
+    @property
+    def sys_path(self) -> tuple[str, ...]:
+        """The entries a process started in this context puts first on ``sys.path``."""
+        return self.extra_paths + self.driver_sys_path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "python": self.python,
+            "command_prefix": list(self.command_prefix),
+            "env_vars": dict(self.env_vars),
+            "cwd": self.cwd,
+            "driver_sys_path": list(self.driver_sys_path),
+            "extra_paths": list(self.extra_paths),
+        }
+
+    def to_json_str(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvContext:
+        return cls(
+            python=str(data["python"]),
+            command_prefix=tuple(data.get("command_prefix", ())),
+            env_vars=dict(data.get("env_vars", {})),
+            cwd=data.get("cwd"),
+            driver_sys_path=tuple(data.get("driver_sys_path", ())),
+            extra_paths=tuple(data.get("extra_paths", ())),
+            env_id=str(data.get("env_id", "")),
+        )
+
+    def replace(self, **changes: Any) -> EnvContext:
+        data = self.to_json()
+        data.update(changes)
+        return EnvContext.from_json(data)
+
+
+@dataclass
+class ContextBuilder:
+    """The mutable context plugins change in ``modify_context``; frozen by ``freeze``."""
+
+    python: str = sys.executable
+    command_prefix: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    driver_sys_path: list[str] = field(default_factory=list)
+    extra_paths: list[str] = field(default_factory=list)
+    #: URI -> the directory the cache holds for it; set by the agent before plugins run.
+    resource_paths: dict[str, str] = field(default_factory=dict)
+
+    def resource_path(self, uri: str) -> str:
+        """The directory that holds the built resource ``uri``."""
+        return self.resource_paths[uri]
+
+    def freeze(self, env_id: str = "") -> EnvContext:
+        return EnvContext(
+            python=self.python,
+            command_prefix=tuple(self.command_prefix),
+            env_vars=dict(self.env_vars),
+            cwd=self.cwd,
+            driver_sys_path=tuple(self.driver_sys_path),
+            extra_paths=tuple(self.extra_paths),
+            env_id=env_id,
+        )
+
+
+def compose(ctx: EnvContext, argv: Sequence[str]) -> list[str]:
+    """The argv that starts ``python argv...`` inside ``ctx``: prefix, interpreter, args.
+
+    Feed it to ``asyncio.create_subprocess_exec`` or ``subprocess.Popen`` together with
+    ``env=process_env(ctx)`` and ``cwd=ctx.cwd``.
+    """
+    return [*ctx.command_prefix, ctx.python, *argv]
+
+
+def process_env(ctx: EnvContext, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables of a process started in ``ctx``.
+
+    ``base`` (default ``os.environ``) with the context's variables on top, the sys.path
+    entries in ``SYS_PATH_VAR`` and the env id in ``JUPYTER_RUNTIMEENV_ENV_ID``.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(ctx.env_vars)
+    env[SYS_PATH_VAR] = json.dumps(list(ctx.sys_path))
+    if ctx.env_id:
+        env[ENV_ID_VAR] = ctx.env_id
+    return env

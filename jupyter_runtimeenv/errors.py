@@ -1,0 +1,205 @@
+"""The one exception tree of jupyter-runtimeenv.
+
+    RuntimeEnvError
+    ├── SpecError(ValueError)        a bad spec; ``.field`` is the path, e.g. ``env_vars.A``
+    ├── PluginNotFound(SpecError)    a plugin named in a spec or entry point cannot be loaded
+    ├── BuildError                   building an environment failed (env id, step, log, output tail)
+    │   └── BuildTimeout             ... because the build's deadline passed
+    ├── EnvNotFound(KeyError)        no environment with that id
+    ├── EnvInUse                     removing an environment that others still hold
+    ├── AgentUnavailable             the agent (server or embedded) cannot be reached
+    ├── WorkerError                  a worker process failed to start or to talk
+    │   └── BrokenWorker             a worker died or broke the protocol mid-task
+    └── RemoteTaskError              the task raised; renders the remote traceback
+
+Third-party errors are converted at the boundary where they enter this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AgentUnavailable",
+    "BrokenWorker",
+    "BuildError",
+    "BuildTimeout",
+    "EnvInUse",
+    "EnvNotFound",
+    "PluginNotFound",
+    "RemoteTaskError",
+    "RuntimeEnvError",
+    "SpecError",
+    "WorkerError",
+]
+
+
+class RuntimeEnvError(Exception):
+    """Base class of every error raised by jupyter-runtimeenv."""
+
+
+class SpecError(RuntimeEnvError, ValueError):
+    """A runtime env spec was refused before any work was done.
+
+    ``field`` is the dotted path of the offending value (``""`` for the whole spec);
+    ``reason`` says what was expected.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+    def within(self, prefix: str) -> SpecError:
+        """The same error, its field path nested under ``prefix``."""
+        field = f"{prefix}.{self.field}" if self.field else prefix
+        error = type(self).__new__(type(self))
+        SpecError.__init__(error, field, self.reason)
+        return error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_spec_error, (type(self), self.field, self.reason))
+
+
+def _rebuild_spec_error(cls: type[SpecError], field: str, reason: str) -> SpecError:
+    error = cls.__new__(cls)
+    SpecError.__init__(error, field, reason)
+    return error
+
+
+class PluginNotFound(SpecError):
+    """A plugin could not be loaded; ``field`` names where it was asked for."""
+
+
+class BuildError(RuntimeEnvError):
+    """Building an environment failed.
+
+    Carries the env id, the step that failed (a plugin name and URI), the tail of that
+    step's output and the path of the full log.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        env_id: str = "",
+        step: str = "",
+        output_tail: Sequence[str] = (),
+        log_path: str = "",
+    ) -> None:
+        self.message = message
+        self.env_id = env_id
+        self.step = step
+        self.output_tail = list(output_tail)
+        self.log_path = log_path
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        if self.step:
+            lines[0] = f"{self.step}: {self.message}"
+        if self.output_tail:
+            lines.append("--- last lines of output ---")
+            lines.extend(self.output_tail)
+        if self.log_path:
+            lines.append(f"(full log: {self.log_path})")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "env_id": self.env_id,
+            "step": self.step,
+            "output_tail": self.output_tail,
+            "log_path": self.log_path,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildError:
+        kind = BuildTimeout if data.get("type") == "BuildTimeout" else BuildError
+        return kind(
+            str(data.get("message", "build failed")),
+            env_id=str(data.get("env_id", "")),
+            step=str(data.get("step", "")),
+            output_tail=list(data.get("output_tail", [])),
+            log_path=str(data.get("log_path", "")),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_build_error, (self.to_json(),))
+
+
+def _rebuild_build_error(data: dict[str, Any]) -> BuildError:
+    return BuildError.from_json(data)
+
+
+class BuildTimeout(BuildError):
+    """The build passed its deadline; every step was cancelled and its processes killed."""
+
+
+class EnvNotFound(RuntimeEnvError, KeyError):
+    """No environment with this id is known to the agent."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "environment not found"
+
+
+class EnvInUse(RuntimeEnvError):
+    """An environment cannot be removed while other holders reference it."""
+
+
+class AgentUnavailable(RuntimeEnvError):
+    """The agent could not be reached."""
+
+
+class WorkerError(RuntimeEnvError):
+    """A worker process could not be started or could not be talked to."""
+
+
+class BrokenWorker(WorkerError):
+    """A worker died or broke the protocol while running a task."""
+
+
+class RemoteTaskError(RuntimeEnvError):
+    """A task raised in its worker.
+
+    ``cause`` is the original exception when it could be unpickled in the driver (so
+    ``isinstance(err.cause, KeyError)`` works); ``remote_traceback`` is the text the worker
+    formatted. Catching the original type works too: ``RemoteTaskError.wrap`` builds an
+    instance whose class derives from both this class and the original one when possible.
+    """
+
+    def __init__(
+        self, function: str, remote_traceback: str, cause: BaseException | None = None
+    ) -> None:
+        self.function = function
+        self.remote_traceback = remote_traceback
+        self.cause = cause
+        super().__init__(function, remote_traceback, cause)
+
+    def __str__(self) -> str:
+        head = f"{self.function} raised in its worker"
+        if self.cause is not None:
+            head += f": {type(self.cause).__name__}: {self.cause}"
+        return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
+
+    @classmethod
+    def wrap(
+        cls, function: str, remote_traceback: str, cause: BaseException | None
+    ) -> RemoteTaskError:
+        """An error that is both a ``RemoteTaskError`` and, if possible, the cause's type."""
+        if cause is not None and isinstance(cause, Exception):
+            cause_type = type(cause)
+            try:
+                dual = type(f"RemoteTaskError[{cause_type.__name__}]", (cls, cause_type), {})
+                error: RemoteTaskError = dual.__new__(dual)
+                RemoteTaskError.__init__(error, function, remote_traceback, cause)
+                return error
+            except TypeError:  # incompatible layouts (e.g. some C exceptions)
+                pass
+        return cls(function, remote_traceback, cause)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteTaskError.wrap, (self.function, self.remote_traceback, self.cause))

@@ -1,0 +1,223 @@
+"""``parse``: a dict, or a YAML/JSON file, into a ``RuntimeEnvSpec`` (or a ``SpecError``)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError
+from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
+from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
+from .paths import base_dir, resolve_path
+
+__all__ = ["load_spec_file", "merge", "parse"]
+
+
+
+def parse(
+    data: RuntimeEnvSpec | Mapping[str, Any] | str | os.PathLike[str] | None,
+    *,
+    registry: PluginRegistry | None = None,
+) -> RuntimeEnvSpec:
+    """Validate ``data`` into a frozen spec.
+
+    ``data`` is a mapping with Ray-compatible fields, a path to a YAML or JSON file (relative
+    paths inside it are relative to the file), ``None`` (the empty spec), or a spec (returned
+    as is). Each plugin validates its own field. Refusals raise ``SpecError`` whose ``field``
+    is the dotted path of the offending value. Parsing may read local files (hashing
+    ``working_dir``): call it in a thread from an event loop.
+    """
+    if isinstance(data, RuntimeEnvSpec):
+        return data
+    if data is None:
+        data = {}
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        with base_dir(str(path.resolve().parent)):
+            return _parse_mapping(load_spec_file(path), registry or default_registry())
+    if not isinstance(data, Mapping):
+        raise SpecError("", f"expected a mapping of fields or a file path, got {type(data).__name__}")
+    return _parse_mapping(data, registry or default_registry())
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML or JSON spec file; ``SpecError`` naming the file otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError("", f"cannot read spec file {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SpecError("", f"{str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SpecError("", f"{str(path)!r} must hold a mapping of fields, not {type(loaded).__name__}")
+    return loaded
+
+
+def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> RuntimeEnvSpec:
+    for key in data:
+        if not isinstance(key, str):
+            raise SpecError(str(key), "field names must be strings")
+    config = _parse_config(data.get("config", {}))
+    excludes = _parse_excludes(data["excludes"]) if "excludes" in data else None
+
+    fields: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in data.items():
+        if key in CORE_FIELDS:
+            continue
+        plugin = registry.for_field(key)
+        if plugin is None:
+            raise SpecError(key, _unknown_field(key, registry))
+        name = registry.canonical_field(key)
+        if name in given_as:
+            raise SpecError(key, f"{given_as[name]!r} and {key!r} are the same field; give one")
+        given_as[name] = key
+        if value is None:
+            continue  # Ray treats a null field as absent
+        try:
+            fields[name] = plugin.validate(value)
+        except SpecError as exc:
+            raise exc.within(key) from None
+    for name in fields:
+        plugin = registry.for_field(name)
+        assert plugin is not None
+        for other in plugin.conflicts:
+            if other in fields:
+                raise SpecError(
+                    given_as[name], f"cannot be combined with {given_as[other]!r} (as in Ray)"
+                )
+    if excludes is not None:
+        fields["excludes"] = excludes
+
+    plugins: dict[str, Any] = {}
+    raw_plugins = data.get("plugins") or {}
+    if not isinstance(raw_plugins, Mapping):
+        raise SpecError("plugins", f"expected a mapping of import paths to config, got {type(raw_plugins).__name__}")
+    for path, plugin_config in raw_plugins.items():
+        plugin = registry.by_path(str(path))
+        try:
+            plugins[str(path)] = plugin.validate(plugin_config)
+        except SpecError as exc:
+            raise exc.within(f"plugins.{path}") from None
+
+    spec = RuntimeEnvSpec(fields=fields, plugins=plugins, config=config)
+    return RuntimeEnvSpec(
+        fields=spec.fields, plugins=spec.plugins, config=config, env_id=_env_id(spec, registry)
+    )
+
+
+def _env_id(spec: RuntimeEnvSpec, registry: PluginRegistry) -> str:
+    identity: dict[str, Any] = {}
+    for name, value in spec.fields.items():
+        plugin = registry.for_field(name)
+        identity[name] = value if plugin is None else plugin.identity(value, spec)
+    for path, value in spec.plugins.items():
+        identity[f"plugins.{path}"] = registry.by_path(path).identity(value, spec)
+    identity["config.isolated"] = spec.config.isolated
+    return sha256_of(identity)
+
+
+def _unknown_field(key: str, registry: PluginRegistry) -> str:
+    broken = registry.broken(key)
+    if broken:
+        return f"the plugin registered for this field failed to load: {broken}"
+    known = sorted({*CORE_FIELDS, *registry.fields()})
+    message = f"unknown field; known fields are {', '.join(known)}"
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return (
+        message + f"; a plugin can claim it through the entry point group {ENTRY_POINT_GROUP!r}, "
+        "or be named by import path under 'plugins'"
+    )
+
+
+_CONFIG_KEYS = ("setup_timeout_seconds", "eager_install", "installer", "isolated")
+
+
+def _parse_config(value: Any) -> RuntimeEnvConfig:
+    if value is None:
+        return RuntimeEnvConfig()
+    if not isinstance(value, Mapping):
+        raise SpecError("config", f"expected a mapping, got {type(value).__name__}")
+    for key in value:
+        if key not in _CONFIG_KEYS:
+            raise SpecError(f"config.{key}", f"unknown config key; known keys are {', '.join(_CONFIG_KEYS)}")
+    timeout: float | None = 600.0
+    if "setup_timeout_seconds" in value:
+        raw = value["setup_timeout_seconds"]
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise SpecError("config.setup_timeout_seconds", f"expected a number of seconds, got {type(raw).__name__}")
+        if raw == -1 or raw is None:
+            timeout = None
+        elif raw <= 0:
+            raise SpecError("config.setup_timeout_seconds", f"expected a positive number or -1 for no deadline, got {raw}")
+        else:
+            timeout = float(raw)
+    flags = {}
+    for key in ("eager_install", "isolated"):
+        if key in value and not isinstance(value[key], bool):
+            raise SpecError(f"config.{key}", f"expected true or false, got {type(value[key]).__name__}")
+        flags[key] = bool(value.get(key, key == "eager_install"))
+    installer = value.get("installer", "uv")
+    if installer not in ("uv", "pip"):
+        raise SpecError("config.installer", f"expected 'uv' or 'pip', got {installer!r}")
+    return RuntimeEnvConfig(
+        setup_timeout_seconds=timeout,
+        eager_install=flags["eager_install"],
+        installer=installer,
+        isolated=flags["isolated"],
+    )
+
+
+def _parse_excludes(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise SpecError("excludes", f"expected a list of gitignore-style patterns, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise SpecError(f"excludes.{i}", f"expected a non-empty pattern string, got {item!r}")
+    return list(value)
+
+
+def merge(
+    base: RuntimeEnvSpec | Mapping[str, Any] | None,
+    override: RuntimeEnvSpec | Mapping[str, Any] | None,
+    *,
+    registry: PluginRegistry | None = None,
+) -> RuntimeEnvSpec:
+    """``override`` on top of ``base``: key by key; ``env_vars``, ``config`` and ``plugins``
+    merge per entry. A ``None`` value in ``override`` removes the key."""
+    registry = registry or default_registry()
+    left = _as_dict(base, registry)
+    right = _as_dict(override, registry)
+    merged = dict(left)
+    for key, value in right.items():
+        if value is None:
+            merged.pop(key, None)
+        elif key in ("env_vars", "config", "plugins") and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    for key in [k for k, v in right.items() if v is not None]:
+        plugin = registry.for_field(key)
+        for other in plugin.conflicts if plugin else ():
+            if other not in right:
+                merged.pop(other, None)  # a per-call pip replaces the session's conda
+    return parse(merged, registry=registry)
+
+
+def _as_dict(spec: RuntimeEnvSpec | Mapping[str, Any] | None, registry: PluginRegistry) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    data = spec.to_json() if isinstance(spec, RuntimeEnvSpec) else dict(spec)
+    return {registry.canonical_field(k) if k not in CORE_FIELDS else k: v for k, v in data.items()}
