@@ -1,0 +1,179 @@
+"""Content hashing of local files and trees, with a stat-keyed memo.
+
+Who calls it: ``working_dir`` and ``py_modules`` — from ``identity`` and ``uris`` (parse and
+the agent, in threads) and from ``create`` (through ``build.to_thread``). Everything here
+blocks; nothing here may run on an event loop.
+
+A tree's digest covers each kept file's relative path, executable bit and content, after
+the default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. File
+contents are memoised by (path, size, mtime_ns, inode, device), so hashing an unchanged
+tree again costs one ``stat`` per file. Like git's "racy" check, a file modified less than
+``RACY_SECONDS`` ago is not memoised: a write within the same mtime tick as the hash could
+otherwise go unnoticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pathspec
+
+#: Never part of a working_dir or py_module, whatever the spec says.
+DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
+RACY_SECONDS = 1.0
+_CHUNK = 1 << 20
+_MEMO_MAX = 500_000
+
+__all__ = [
+    "DEFAULT_EXCLUDES",
+    "FileEntry",
+    "Tree",
+    "hash_file",
+    "hash_tree",
+]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a tree: where it is relative to the tree, its source, mode and content."""
+
+    rel: str
+    source: str
+    executable: bool
+    size: int
+    sha256: str
+
+    @property
+    def blob_name(self) -> str:
+        # The executable bit is part of the blob: hardlinks share their inode's mode.
+        return self.sha256 + ("-x" if self.executable else "")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A hashed tree: its digest, its files in path order and their total size."""
+
+    digest: str
+    entries: tuple[FileEntry, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def largest(self, n: int = 5) -> list[FileEntry]:
+        return sorted(self.entries, key=lambda e: e.size, reverse=True)[:n]
+
+
+_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+_memo_lock = threading.Lock()
+
+
+def hash_file(path: str, st: os.stat_result | None = None) -> str:
+    """The sha256 of a file's content, from the memo when its stat is unchanged."""
+    st = st or os.stat(path)
+    key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+    with _memo_lock:
+        hit = _memo.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    sha = digest.hexdigest()
+    if st.st_mtime_ns < (time.time() - RACY_SECONDS) * 1e9:
+        with _memo_lock:
+            if len(_memo) >= _MEMO_MAX:
+                _memo.clear()
+            _memo[path] = (key, sha)
+    return sha
+
+
+def _spec(lines: Iterable[str]) -> pathspec.GitIgnoreSpec:
+    return pathspec.GitIgnoreSpec.from_lines(list(lines))
+
+
+def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "") -> Tree:
+    """Hash the directory ``root`` (or a single file) after excludes and ``.gitignore``.
+
+    ``prefix`` is put before every relative path (``py_modules`` keeps a package's own name
+    so that the resource's root is what goes on ``sys.path``). Symlinks to files are
+    followed (their content is what the worker will read); symlinks to directories are not
+    (they could loop or leave the tree).
+    """
+    root = os.path.abspath(root)
+    entries: list[FileEntry] = []
+    if os.path.isfile(root):
+        st = os.stat(root)
+        name = prefix or os.path.basename(root)
+        entries.append(
+            FileEntry(name, root, bool(st.st_mode & 0o111), st.st_size, hash_file(root, st))
+        )
+    else:
+        base = [("", _spec([*DEFAULT_EXCLUDES, *excludes]))]
+        _walk(root, "", base, prefix, entries)
+    return Tree(_digest(entries), tuple(entries))
+
+
+def _walk(
+    root: str,
+    rel_dir: str,
+    matchers: list[tuple[str, pathspec.GitIgnoreSpec]],
+    prefix: str,
+    out: list[FileEntry],
+) -> None:
+    dirpath = os.path.join(root, rel_dir) if rel_dir else root
+    gitignore = os.path.join(dirpath, ".gitignore")
+    if os.path.isfile(gitignore):
+        with open(gitignore, encoding="utf-8", errors="replace") as f:
+            matchers = [*matchers, (rel_dir, _spec(f.read().splitlines()))]
+    with os.scandir(dirpath) as it:
+        children = sorted(it, key=lambda e: e.name)
+    for child in children:
+        rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
+        is_dir = child.is_dir(follow_symlinks=False)
+        if _ignored(rel, is_dir, matchers):
+            continue
+        if is_dir:
+            _walk(root, rel, matchers, prefix, out)
+            continue
+        try:
+            st = child.stat(follow_symlinks=True)
+        except OSError:
+            continue  # a dangling symlink: nothing a worker could read
+        if not stat.S_ISREG(st.st_mode):
+            continue  # sockets, fifos, symlinks to directories
+        out.append(
+            FileEntry(
+                f"{prefix}/{rel}" if prefix else rel,
+                child.path,
+                bool(st.st_mode & 0o111),
+                st.st_size,
+                hash_file(child.path, st),
+            )
+        )
+
+
+def _ignored(rel: str, is_dir: bool, matchers: list[tuple[str, pathspec.GitIgnoreSpec]]) -> bool:
+    for base, spec in matchers:
+        sub = rel[len(base) + 1 :] if base else rel
+        if spec.match_file(sub + "/" if is_dir else sub):
+            return True
+    return False
+
+
+def _digest(entries: Iterable[FileEntry]) -> str:
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(e.rel.encode("utf-8", "surrogateescape"))
+        h.update(b"\0755\0" if e.executable else b"\0644\0")
+        h.update(e.sha256.encode())
+        h.update(b"\n")
+    return h.hexdigest()

@@ -1,0 +1,228 @@
+"""The ``pip`` field's value: parsing, normalising and guarding requirements.
+
+Who calls it: ``PipPlugin.validate`` (at parse time) and ``PipPlugin.create`` (to name the
+requirements an installer failure is about). Accepted forms, as in Ray:
+
+- a list of requirement lines (``["six", "attrs>=22"]``);
+- a path to a requirements file (read now; ``-r`` includes are inlined, relative paths are
+  made absolute against the file);
+- ``{"packages": <list or path>, "install_options": [...], "pip_check": bool}``.
+
+The normal form is always the mapping, with requirements canonicalised (``Six >= 1`` ->
+``six>=1``), de-duplicated and sorted, so that equal requests share one venv. Option lines
+(``--index-url ...``, ``-e ./pkg``) keep their order, ahead of the requirements.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from ..errors import SpecError
+from ..spec.paths import resolve_path
+
+KEYS = ("packages", "install_options", "pip_check")
+#: Distributions workers import before any user code: a request must not break them.
+SELF = "jupyter-runtimeenv"
+CLOUDPICKLE = "cloudpickle"
+
+__all__ = [
+    "CLOUDPICKLE",
+    "KEYS",
+    "SELF",
+    "cloudpickle_floor",
+    "names",
+    "normalize",
+    "split_options",
+]
+
+
+def normalize(value: Any) -> dict[str, Any]:
+    """The normal form of a ``pip`` value; ``SpecError`` (relative field) otherwise."""
+    if isinstance(value, str):
+        return _mapping(_read_file(value, ""), [], False)
+    if isinstance(value, list):
+        return _mapping(_lines(value, "", None), [], False)
+    if not isinstance(value, dict):
+        raise SpecError(
+            "",
+            "expected a list of requirements, a requirements file or a mapping,"
+            f" got {_kind(value)}",
+        )
+    for key in value:
+        if key not in KEYS:
+            raise SpecError(str(key), f"unknown key; known keys are {', '.join(KEYS)}")
+    packages = value.get("packages", [])
+    if isinstance(packages, str):
+        lines = _read_file(packages, "packages")
+    elif isinstance(packages, list):
+        lines = _lines(packages, "packages", None)
+    else:
+        raise SpecError(
+            "packages", f"expected a list or a requirements file, got {_kind(packages)}"
+        )
+    options = value.get("install_options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        raise SpecError("install_options", "expected a list of strings (installer arguments)")
+    pip_check = value.get("pip_check", False)
+    if not isinstance(pip_check, bool):
+        raise SpecError("pip_check", f"expected true or false, got {_kind(pip_check)}")
+    return _mapping(lines, list(options), pip_check)
+
+
+def _mapping(lines: list[tuple[str, str]], options: list[str], pip_check: bool) -> dict[str, Any]:
+    option_lines: list[str] = []
+    requirements: dict[str, str] = {}
+    for field, line in lines:
+        if line.startswith("-") or _is_path(line):
+            if line not in option_lines:
+                option_lines.append(line)
+        else:
+            requirements.setdefault(_canonical(line, field), field)
+    for requirement, field in requirements.items():
+        _guard(requirement, field)
+    return {
+        "packages": option_lines + sorted(requirements),
+        "install_options": options,
+        "pip_check": pip_check,
+    }
+
+
+def _lines(items: list[Any], field: str, base: str | None) -> list[tuple[str, str]]:
+    """(field path, line) of each requirement line, with ``-r`` files inlined."""
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        where = f"{field}.{i}" if field else str(i)
+        if not isinstance(item, str):
+            raise SpecError(where, f"expected a requirement string, got {_kind(item)}")
+        line = _strip(item)
+        if not line:
+            continue
+        head, _, rest = line.partition(" ")
+        if head in ("-r", "--requirement") or line.startswith("--requirement="):
+            target = rest.strip() if rest else line.split("=", 1)[1]
+            out.extend(_read_file(_join(base, target), where))
+        elif head in ("-e", "--editable", "-c", "--constraint"):
+            out.append((where, f"{head} {_join(base, rest.strip())}"))
+        elif _is_path(line):
+            out.append((where, _join(base, line)))
+        else:
+            out.append((where, line))
+    return out
+
+
+def _read_file(path: str, field: str) -> list[tuple[str, str]]:
+    full = resolve_path(path)
+    try:
+        text = Path(full).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(field, f"cannot read requirements file {full}: {exc.strerror}") from None
+    return _lines(text.splitlines(), field, os.path.dirname(full))
+
+
+def _strip(line: str) -> str:
+    line = line.strip()
+    if line.startswith("#"):
+        return ""
+    if " #" in line:
+        line = line.split(" #", 1)[0].rstrip()
+    return line
+
+
+def _is_path(line: str) -> bool:
+    return line.startswith((".", "/", "~", "file:"))
+
+
+def _join(base: str | None, path: str) -> str:
+    if path.startswith("file:"):
+        return path
+    expanded = os.path.expanduser(path)
+    if os.path.isabs(expanded):
+        return os.path.normpath(expanded)
+    return os.path.normpath(os.path.join(base, expanded)) if base else resolve_path(expanded)
+
+
+def _canonical(line: str, field: str) -> str:
+    try:
+        req = Requirement(line)
+    except InvalidRequirement as exc:
+        raise SpecError(field, f"{line!r} is not a valid requirement: {exc}") from None
+    text: str = canonicalize_name(req.name)
+    if req.extras:
+        text += "[" + ",".join(sorted(req.extras)) + "]"
+    text += f" @ {req.url}" if req.url else str(req.specifier)
+    if req.marker:
+        text += f"; {req.marker}"
+    return text
+
+
+def cloudpickle_floor() -> SpecifierSet:
+    """What this package itself requires of cloudpickle (its metadata), e.g. ``>=3.0``."""
+    try:
+        for line in metadata.requires(SELF) or []:
+            req = Requirement(line)
+            if canonicalize_name(req.name) == CLOUDPICKLE and not req.marker:
+                return req.specifier
+    except metadata.PackageNotFoundError:
+        pass
+    return SpecifierSet(">=3.0")
+
+
+def _guard(requirement: str, field: str) -> None:
+    req = Requirement(requirement)
+    name = canonicalize_name(req.name)
+    if name == SELF:
+        raise SpecError(
+            field,
+            f"{SELF} is provided to every environment by the agent (workers import it);"
+            " remove it from the requirements",
+        )
+    if name == CLOUDPICKLE and not req.url:
+        floor = cloudpickle_floor()
+        probes = [_installed(CLOUDPICKLE), "3.0.0", "3.1.0", "3.1.2", "3.2", "4.0", "5.0", "9.0"]
+        if not any(p and p in floor and p in req.specifier for p in probes):
+            raise SpecError(
+                field,
+                f"{requirement!r} would break the workers, which need cloudpickle{floor}"
+                " (they unpickle the tasks with it)",
+            )
+
+
+def _installed(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def names(packages: list[str]) -> list[str]:
+    """The project names among requirement lines (options and paths skipped)."""
+    out = []
+    for line in packages:
+        if line.startswith("-") or _is_path(line):
+            continue
+        try:
+            out.append(Requirement(line).name)
+        except InvalidRequirement:
+            continue
+    return out
+
+
+def split_options(options: list[str]) -> list[str]:
+    """``install_options`` as argv words (``"--index-url X"`` given as one string works)."""
+    words: list[str] = []
+    for option in options:
+        split = option.startswith("-") and " " in option
+        words.extend(shlex.split(option) if split else [option])
+    return words
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

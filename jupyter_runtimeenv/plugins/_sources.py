@@ -1,0 +1,195 @@
+"""Local code a spec ships to workers: directories, ``.py`` files, zips, wheels and URLs.
+
+Who calls it: ``working_dir`` and ``py_modules`` — ``normalize`` from ``validate``,
+``digest`` from ``identity``/``uris`` (blocking; parse and the agent run them in threads),
+``create`` from their ``create``.
+
+A local directory or ``.py`` file enters the env id and its resource URI by the digest of
+its content (see ``_hashing``), so moving it keeps the id and editing it makes a new one;
+archives enter by the sha256 of the file; URLs by themselves (the URL names the content).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import BuildError, SpecError
+from ..spec.paths import resolve_path
+from ._fetch import fetch
+from ._hashing import Tree, hash_file, hash_tree
+from ._store import materialize
+from ._unpack import flatten_single_dir, safe_unzip
+from ._uv import installer_env, uv_bin
+from .base import BuildContext
+
+#: Default cap on a local directory's size after excludes (Ray's is 500 MiB too).
+DEFAULT_MAX_BYTES = 500 * 2**20
+MAX_BYTES_VAR = "JUPYTER_RUNTIMEENV_MAX_UPLOAD_BYTES"
+
+__all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES_VAR", "create", "digest", "kind_of", "normalize"]
+
+
+def is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def kind_of(location: str) -> str:
+    """``url``, ``zip``, ``whl``, ``py`` (a single module file) or ``dir``."""
+    if is_url(location):
+        return "url"
+    for suffix in ("zip", "whl", "py"):
+        if location.endswith("." + suffix) and not os.path.isdir(location):
+            return suffix
+    return "dir"
+
+
+def normalize(value: object, field: str, *, kinds: Sequence[str]) -> str:
+    """``value`` as an absolute path or a URL; ``SpecError`` (field ``field``) otherwise."""
+    if not isinstance(value, str) or not value:
+        raise SpecError(field, f"expected a local path or an http(s) URL, got {value!r}")
+    if is_url(value):
+        if "url" not in kinds:
+            raise SpecError(field, "URLs are not accepted here")
+        return value
+    if "://" in value:
+        scheme = value.split("://", 1)[0]
+        raise SpecError(
+            field,
+            f"{scheme}:// URIs are not supported; give a local path or an http(s) URL to a zip",
+        )
+    path = resolve_path(value)
+    if not os.path.exists(path):
+        raise SpecError(field, f"{path} does not exist")
+    kind = kind_of(path)
+    if kind not in kinds:
+        raise SpecError(field, f"{path}: expected {_describe(kinds)}")
+    return path
+
+
+def _describe(kinds: Sequence[str]) -> str:
+    names = {
+        "dir": "a directory",
+        "py": "a .py file",
+        "zip": "a .zip file",
+        "whl": "a .whl file",
+        "url": "an http(s) URL",
+    }
+    return ", ".join(names[k] for k in kinds)
+
+
+def max_bytes(configured: int | None) -> int:
+    if configured is not None:
+        return configured
+    env = os.environ.get(MAX_BYTES_VAR)
+    return int(env) if env else DEFAULT_MAX_BYTES
+
+
+def tree_of(location: str, excludes: Sequence[str], keep_name: bool) -> Tree:
+    prefix = os.path.basename(location.rstrip(os.sep)) if keep_name else ""
+    return hash_tree(location, excludes, prefix=prefix)
+
+
+def digest(
+    location: str, excludes: Sequence[str], field: str, *, keep_name: bool, limit: int
+) -> str:
+    """What identifies the content at ``location``: ``kind:sha256`` or the URL.
+
+    Blocking. ``SpecError`` when a local source is larger than ``limit`` bytes, naming its
+    largest files.
+    """
+    kind = kind_of(location)
+    if kind == "url":
+        return f"url:{location}"
+    if kind in ("zip", "whl"):
+        size = os.path.getsize(location)
+        if size > limit:
+            raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
+        return f"{kind}:{hash_file(location)}"
+    tree = tree_of(location, excludes, keep_name)
+    if tree.size > limit:
+        largest = ", ".join(f"{e.rel} ({_mb(e.size)})" for e in tree.largest())
+        raise SpecError(
+            field,
+            f"{location} holds {_mb(tree.size)} after excludes, over the limit of {_mb(limit)}"
+            f"; largest files: {largest}. Add patterns to 'excludes' or a .gitignore, or raise"
+            f" the limit ({MAX_BYTES_VAR})",
+        )
+    return f"tree:{tree.digest}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+async def create(
+    location: str,
+    expected: str,
+    build: BuildContext,
+    *,
+    keep_name: bool,
+    flatten: bool,
+) -> int:
+    """Fill ``build.target`` with the content at ``location``; returns bytes written.
+
+    ``expected`` is the digest the URI was made from: a local tree that changed since then
+    fails the build rather than silently giving different code under the same id.
+    """
+    kind = kind_of(location)
+    target = build.target
+    if kind == "url":
+        name = location.rsplit("/", 1)[-1].split("?", 1)[0] or "download.zip"
+        archive = target / f".download-{name}"
+        await fetch(location, archive, build)
+        try:
+            return await _unpack_archive(archive, build, flatten=flatten)
+        finally:
+            archive.unlink(missing_ok=True)
+    if kind in ("zip", "whl"):
+        return await _unpack_archive(Path(location), build, flatten=flatten)
+    tree = await build.to_thread(tree_of, location, build.spec.excludes, keep_name)
+    if f"tree:{tree.digest}" != expected:
+        raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
+    stored = await build.to_thread(materialize, tree, build.cache_root, target)
+    build.log(
+        f"{location}: {len(tree.entries)} files, {_mb(tree.size)};"
+        f" {_mb(stored)} new content stored, the rest linked"
+    )
+    return tree.size
+
+
+async def _unpack_archive(archive: Path, build: BuildContext, *, flatten: bool) -> int:
+    if archive.name.endswith(".whl") or _is_wheel_download(archive):
+        return await _install_wheel(archive, build)
+    size = await build.to_thread(safe_unzip, archive, build.target)
+    if flatten:
+        await build.to_thread(flatten_single_dir, build.target)
+    build.log(f"unpacked {archive.name} ({_mb(size)})")
+    return size
+
+
+def _is_wheel_download(archive: Path) -> bool:
+    return archive.name.startswith(".download-") and archive.name.endswith(".whl")
+
+
+async def _install_wheel(wheel: Path, build: BuildContext) -> int:
+    """Install a wheel's files into the target (its own dependencies belong in ``pip``)."""
+    if wheel.name.startswith(".download-"):
+        # uv parses the wheel's file name: give it back its own name.
+        named = wheel.with_name(wheel.name[len(".download-") :])
+        os.replace(wheel, named)
+        wheel = named
+    async with build.limit("install"):
+        await build.run(
+            [
+                *(uv_bin(), "pip", "install", "--no-deps", "--python", sys.executable),
+                *("--target", str(build.target), str(wheel)),
+            ],
+            env=installer_env(build.cache_root),
+            what=f"installing {wheel.name}",
+        )
+    if wheel.parent == build.target:
+        wheel.unlink(missing_ok=True)
+    return 0

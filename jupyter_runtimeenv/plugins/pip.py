@@ -1,0 +1,229 @@
+"""``pip`` (and Ray's ``uv``): a venv with the requested packages, layered over the agent's
+environment by default.
+
+Who calls it: ``spec.parse`` (``validate``) and the agent (``uris``, ``create``,
+``modify_context``). The venv is made with ``uv venv --relocatable`` directly in the build's
+target (the agent renames it into the cache), packages go in with ``uv pip install`` from a
+package cache shared by every env of the cache root (hardlinks), or with pip when
+``config.installer`` is ``"pip"``. The installer's output streams into the env's log.
+
+Layering: a ``.pth`` file in the venv's site-packages runs ``site.addsitedir`` on the
+agent's own site-packages, so the order is the venv's packages, then the parent env's
+(its ``.pth`` files included: editable installs work), then the base interpreter's.
+``--system-site-packages`` would layer over the *base* interpreter instead, skipping a venv
+the agent runs in. ``config.isolated`` gives a bare venv that still sees cloudpickle and
+this package (see ``_support``). The ``.pth`` is written after the install, so installers
+see only the venv and install every requested package into it.
+
+The resource URI is a hash of the normal request, the Python it runs on and isolation —
+not the installer: uv and pip give the same environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packaging.version import InvalidVersion, Version
+
+from ..context import ContextBuilder
+from ..errors import BuildError
+from ..spec.model import sha256_of
+from . import _requirements as reqs
+from ._support import write_support
+from ._uv import installer_env, uv_bin
+from .base import BuildContext, RuntimeEnvPlugin
+
+if TYPE_CHECKING:
+    from ..spec import RuntimeEnvSpec
+
+PARENT_PTH = "_jupyter_runtimeenv_parent.pth"
+SUPPORT_PTH = "_jupyter_runtimeenv_support.pth"
+
+__all__ = ["PipPlugin", "venv_python", "venv_site_packages"]
+
+
+def venv_python(venv: str | Path) -> str:
+    return os.path.join(venv, "Scripts" if os.name == "nt" else "bin", "python")
+
+
+def venv_site_packages(venv: str | Path) -> Path:
+    # The venv runs the agent's Python version: the same scheme gives its layout.
+    return Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+
+
+def parent_site_dirs() -> list[str]:
+    """The site-packages of the environment the agent runs in, in ``sys.path`` order."""
+    import site
+
+    dirs = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    ordered = [p for p in sys.path if p in dirs]
+    return ordered + [p for p in dirs if p not in ordered]
+
+
+class PipPlugin(RuntimeEnvPlugin):
+    name = "pip"
+    aliases = ("uv",)
+    conflicts = ("conda",)
+    # Early: it sets the interpreter; py_executable (40) overrides it if also given.
+    priority = 10
+    description = "packages to install in a venv: a list, a requirements file or a mapping"
+
+    def validate(self, value: Any) -> dict[str, Any]:
+        return reqs.normalize(value)
+
+    def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
+        key: dict[str, Any] = {
+            "request": value,
+            "python": [sys.implementation.name, *sys.version_info[:3]],
+            "isolated": spec.config.isolated,
+        }
+        if not spec.config.isolated:
+            # A layered venv depends on which environment it is layered over.
+            key["parent"] = sys.prefix
+        return [f"pip:{sha256_of(key)[:32]}"]
+
+    async def create(self, uri: str, value: Any, build: BuildContext) -> int:
+        venv = build.target
+        installer = build.spec.config.installer
+        env = installer_env(build.cache_root)
+        python = venv_python(venv)
+        async with build.limit("install"):
+            await build.run(
+                [
+                    *(uv_bin(), "venv", str(venv), "--python", sys.executable),
+                    *("--relocatable", "--no-project", "--no-config"),
+                ],
+                env=env,
+                cwd=venv,
+                what="creating the venv (uv venv)",
+            )
+            if value["packages"]:
+                await self._install(value, venv, python, installer, env, build)
+            if installer == "pip":
+                final = build.resource_path(uri)
+                await build.to_thread(_fix_scripts, venv, final)
+            await build.to_thread(_check_support, venv_site_packages(venv))
+            if value["pip_check"]:
+                check = (
+                    [uv_bin(), "pip", "check", "--python", python]
+                    if installer == "uv"
+                    else [sys.executable, "-m", "pip", "--python", python, "check"]
+                )
+                await build.run(check, env=env, cwd=venv, what="pip check")
+        await build.to_thread(_write_pth, venv, build.spec.config.isolated)
+        return 0
+
+    async def _install(
+        self,
+        value: dict[str, Any],
+        venv: Path,
+        python: str,
+        installer: str,
+        env: dict[str, str],
+        build: BuildContext,
+    ) -> None:
+        requirements = venv / "requirements.txt"
+        await build.to_thread(requirements.write_text, "\n".join(value["packages"]) + "\n")
+        options = reqs.split_options(value["install_options"])
+        if installer == "uv":
+            argv = [uv_bin(), "pip", "install", "--python", python, "-r", str(requirements)]
+        else:
+            argv = [sys.executable, "-m", "pip", "--python", python, "install"]
+            argv += ["--no-input", "--progress-bar", "off", "-r", str(requirements)]
+        wanted = reqs.names(value["packages"]) or value["packages"]
+        build.log(f"installing {', '.join(value['packages'])} with {installer}")
+        try:
+            await build.run([*argv, *options], env=env, cwd=venv, what=f"{installer} install")
+        except BuildError as exc:
+            raise BuildError(
+                _failure_message(installer, wanted, exc.output_tail),
+                output_tail=exc.output_tail,
+            ) from None
+
+    def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
+        venv = ctx.resource_path(uris[0])
+        ctx.python = venv_python(venv)
+        ctx.env_vars["VIRTUAL_ENV"] = venv
+        path = ctx.env_vars.get("PATH") or os.environ.get("PATH", os.defpath)
+        ctx.env_vars["PATH"] = os.pathsep.join([os.path.dirname(ctx.python), path])
+
+
+# Where uv's and pip's own account of a failure starts ("error: No solution found ...",
+# "ERROR: No matching distribution found for x", uv's fancy one on a terminal).
+_ERROR_START = re.compile(r"^\s*(error:|ERROR:|\u00d7)")
+
+
+def _failure_message(installer: str, wanted: list[str], tail: Sequence[str]) -> str:
+    """Name the requirements the installer complained about, with its own words."""
+    starts = [i for i, line in enumerate(tail) if _ERROR_START.match(line)]
+    reasons = [line.strip() for line in tail[starts[0] :] if line.strip()] if starts else []
+    text = " ".join(reasons)
+    named = [
+        name for name in wanted if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.I)
+    ]
+    message = f"installing {', '.join(named or wanted)} failed ({installer})"
+    if reasons:
+        message += ": " + " ".join(reasons[:10])
+    return message
+
+
+def _check_support(site_packages: Path) -> None:
+    """Refuse a venv whose own packages would shadow what workers need."""
+    if not site_packages.is_dir():
+        return
+    floor = reqs.cloudpickle_floor()
+    for entry in site_packages.iterdir():
+        name, _, rest = entry.name.partition("-")
+        if not rest.endswith(".dist-info"):
+            continue
+        if name.lower().replace("_", "-") == reqs.SELF:
+            raise BuildError(
+                f"the requested packages install {reqs.SELF} into the environment, which"
+                " would shadow the agent's own; remove what depends on it"
+            )
+        if name.lower() == reqs.CLOUDPICKLE:
+            version = rest[: -len(".dist-info")]
+            try:
+                ok = Version(version) in floor
+            except InvalidVersion:
+                ok = False
+            if not ok:
+                raise BuildError(
+                    f"the requested packages install cloudpickle {version}, but workers need"
+                    f" cloudpickle{floor}; pin a compatible version"
+                )
+
+
+def _write_pth(venv: Path, isolated: bool) -> None:
+    site_packages = venv_site_packages(venv)
+    site_packages.mkdir(parents=True, exist_ok=True)
+    if isolated:
+        support = write_support(venv / "support")
+        # A plain path line, appended after the venv's own site-packages (so a cloudpickle
+        # the request installed wins), relative to site-packages: the venv moves after this.
+        (site_packages / SUPPORT_PTH).write_text(f"{os.path.relpath(support, site_packages)}\n")
+        return
+    lines = [f"import site; site.addsitedir({d!r})" for d in parent_site_dirs()]
+    (site_packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
+
+
+def _fix_scripts(venv: Path, final: Path) -> None:
+    """pip writes the build directory into scripts' shebangs; point them at the final one."""
+    bindir = Path(venv_python(venv)).parent
+    old, new = f"#!{venv}".encode(), f"#!{final}".encode()
+    for script in bindir.iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        with open(script, "rb") as f:
+            head = f.read(len(old))
+        if head == old:
+            data = script.read_bytes()
+            script.write_bytes(new + data[len(old) :])

@@ -1,0 +1,86 @@
+"""``py_modules``: local packages, single ``.py`` files, wheels, zips and http(s) URLs put on
+every worker's ``sys.path`` in the declared order.
+
+Who calls it: ``spec.parse`` (``validate``, ``identity``) and the agent (``uris``,
+``create``, ``modify_context``). Each module is its own resource, so two specs sharing a
+module share its copy. A package directory ``mypkg`` is materialised as ``<resource>/mypkg``
+(the resource's root goes on ``sys.path``); a wheel is installed into its resource with
+``uv pip install --target --no-deps`` (its dependencies belong in the ``pip`` field); a zip
+is unpacked as is (it should hold the package directory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..context import ContextBuilder
+from ..errors import BuildError, SpecError
+from . import _sources
+from .base import BuildContext, RuntimeEnvPlugin
+
+if TYPE_CHECKING:
+    from ..spec import RuntimeEnvSpec
+
+_KINDS = ("dir", "py", "zip", "whl", "url")
+
+
+class PyModulesPlugin(RuntimeEnvPlugin):
+    name = "py_modules"
+    # Before working_dir (30), which then puts itself ahead of the modules.
+    priority = 25
+    description = "packages, .py files, wheels, zips or URLs to put on the workers' sys.path"
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+
+    def validate(self, value: Any) -> list[str]:
+        if not isinstance(value, list):
+            raise SpecError("", f"expected a list of paths or URLs, got {type(value).__name__}")
+        out: list[str] = []
+        for i, item in enumerate(value):
+            location = _sources.normalize(item, str(i), kinds=_KINDS)
+            if location not in out:
+                out.append(location)
+        return out
+
+    def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
+        return self._digests(value, spec)
+
+    def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
+        return [f"py_modules:{d}" for d in self._digests(value, spec)]
+
+    def _digests(self, value: list[str], spec: RuntimeEnvSpec) -> list[str]:
+        limit = _sources.max_bytes(self.max_bytes)
+        return [
+            _sources.digest(loc, spec.excludes, f"{self.name}.{i}", keep_name=True, limit=limit)
+            for i, loc in enumerate(value)
+        ]
+
+    async def create(self, uri: str, value: Any, build: BuildContext) -> int:
+        expected = uri.split(":", 1)[1]
+        # The agent asks for each URI separately; find which module this one is (two
+        # modules with the same content share a URI: either builds it). Hashing blocks.
+        location = await build.to_thread(self._find, value, expected, build.spec.excludes)
+        if location is None:
+            raise BuildError(f"no module of this spec has the content {expected} any more")
+        return await _sources.create(location, expected, build, keep_name=True, flatten=False)
+
+    def _find(self, value: list[str], expected: str, excludes: list[str]) -> str | None:
+        limit = _sources.max_bytes(self.max_bytes)
+        for location in value:
+            kind = _sources.kind_of(location)
+            prefix = {"url": "url:", "zip": "zip:", "whl": "whl:"}.get(kind, "tree:")
+            if not expected.startswith(prefix):
+                continue
+            try:
+                found = _sources.digest(location, excludes, self.name, keep_name=True, limit=limit)
+            except (OSError, SpecError):
+                continue
+            if found == expected:
+                return location
+        return None
+
+    def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
+        paths = [ctx.resource_path(uri) for uri in uris]
+        ctx.extra_paths[0:0] = [p for p in paths if p not in ctx.extra_paths]
