@@ -1,0 +1,148 @@
+"""``RuntimeEnvProvisioner``: a kernel that starts inside a runtime environment.
+
+A kernelspec names it (``metadata.kernel_provisioner.provisioner_name`` is
+``runtime-env-provisioner``) and holds the spec in its config (``runtime_env``). Before the
+kernel starts, the provisioner gets the environment built: through the agent of the server
+extension when it runs in a Jupyter server with the extension (same process, same loop), else
+through ``get_client()`` (the server's REST API or an embedded agent). Then it starts the
+kernel's argv with the env's interpreter, command prefix, variables and cwd. The env's
+``sys.path`` entries are put first by a standard-library bootstrap passed with ``-c`` (the
+same thing a worker's bootstrap does), not by ``PYTHONPATH``, so that the kernel's own
+subprocesses do not inherit them as a side effect.
+
+The kernel's reference is held as ``kernel:<kernel id>`` and released when the provisioner is
+cleaned up (shutdown, or death noticed by the kernel manager); the server extension also
+releases every ``kernel:<id>`` reference when the kernel shuts down or vanishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+from traitlets import Dict
+
+from ..client import get_client
+from ..context import SYS_PATH_VAR, EnvContext, compose, process_env
+from ..errors import RuntimeEnvError
+from ..server.app import kernel_holder, local_agent
+from ..server.client import KERNEL_ID_VAR
+
+PROVISIONER_NAME = "runtime-env-provisioner"
+
+#: Puts the env's sys.path entries first, then runs the module as ``python -m`` would.
+BOOTSTRAP = (
+    "import json, os, runpy, sys;"
+    f"sys.path[0:0] = [p for p in json.loads(os.environ.get({SYS_PATH_VAR!r}) or '[]')"
+    " if p not in sys.path];"
+    "m = sys.argv[1]; sys.argv = [m] + sys.argv[2:];"
+    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+)
+
+_CHECK_IPYKERNEL = (
+    "import json, os, sys;"
+    f"sys.path[0:0] = json.loads(os.environ.get({SYS_PATH_VAR!r}) or '[]');"
+    "import ipykernel"
+)
+
+
+class RuntimeEnvProvisioner(LocalProvisioner):
+    """Starts a local kernel inside the runtime environment in its ``runtime_env`` config."""
+
+    runtime_env = Dict(
+        config=True, help="The runtime env spec the kernel starts in (Ray-compatible fields)."
+    )
+
+    context: EnvContext | None = None
+
+    @property
+    def holder(self) -> str:
+        return kernel_holder(self.kernel_id)
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Build the env, then rewrite the launch command and environment. Called by
+        ``KernelManager.pre_start_kernel`` on every start and restart."""
+        ctx = await self._acquire()
+        kwargs = await super().pre_launch(**kwargs)
+        env = process_env(ctx, base=kwargs.get("env"))
+        env[KERNEL_ID_VAR] = self.kernel_id
+        await _ensure_ipykernel(ctx, env)
+        kwargs["cmd"] = kernel_command(ctx, kwargs["cmd"])
+        kwargs["env"] = env
+        if ctx.cwd:
+            kwargs["cwd"] = ctx.cwd
+        return kwargs
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Release the kernel's reference unless it restarts. Called by the kernel manager
+        after the kernel process is gone."""
+        await super().cleanup(restart=restart)
+        if restart or self.context is None:
+            return
+        env_id, self.context = self.context.env_id, None
+        try:
+            agent = await local_agent()
+            if agent is not None:
+                await agent.release(env_id, self.holder)
+            else:
+                await get_client().release(env_id, self.holder)
+        except Exception as exc:  # a gone agent must not break the kernel's shutdown
+            self.log.warning("jupyter_runtimeenv: releasing %s failed: %s", env_id[:12], exc)
+
+    async def _acquire(self) -> EnvContext:
+        if self.context is not None:
+            return self.context  # a restart: same env, reference already held
+        agent = await local_agent()
+        if agent is not None:
+            self.context = await agent.get_or_create(dict(self.runtime_env), self.holder)
+        else:
+            self.context = await get_client().acquire(dict(self.runtime_env), self.holder)
+        return self.context
+
+
+def kernel_command(ctx: EnvContext, cmd: list[str]) -> list[str]:
+    """The kernelspec's argv started in ``ctx``.
+
+    ``argv[0]`` must be a Python interpreter (``python``, ``python3``, ``{sys.executable}``):
+    it is replaced by the env's. ``python -m module ...`` goes through the sys.path bootstrap
+    when the env has sys.path entries.
+    """
+    if not cmd or not _is_python(cmd[0]):
+        raise RuntimeEnvError(
+            f"the kernelspec's argv must start with a Python interpreter, got {cmd[:1]!r}"
+        )
+    args = list(cmd[1:])
+    if ctx.sys_path and len(args) >= 2 and args[0] == "-m":
+        args = ["-c", BOOTSTRAP, *args[1:]]
+    return compose(ctx, args)
+
+
+def _is_python(arg: str) -> bool:
+    name = os.path.basename(arg).lower()
+    return arg == sys.executable or name.startswith("python") or name == "{python}"
+
+
+async def _ensure_ipykernel(ctx: EnvContext, env: dict[str, str]) -> None:
+    """Fail early and clearly when the env's interpreter cannot import ipykernel.
+
+    Envs layered over the server's (the default) see its ipykernel. An isolated env gets it
+    from ``with_ipykernel`` in ``kernelspec.install_kernelspec``; anything else is refused here
+    with the remedy rather than as a kernel that dies at start.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *compose(ctx, ["-c", _CHECK_IPYKERNEL]),
+        env=env,
+        cwd=ctx.cwd,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise RuntimeEnvError(
+            f"ipykernel cannot be imported by {ctx.python} in environment {ctx.env_id[:12]}"
+            f" ({tail[0]}); add 'ipykernel' to the spec's packages"
+        )

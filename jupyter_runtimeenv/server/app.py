@@ -1,0 +1,294 @@
+"""``RuntimeEnvExtension``: one agent per Jupyter server, serving every notebook of the user.
+
+The agent lives on the server's event loop. It is created when the extension loads and started
+on first use (pytest-jupyter and some deployments never call the post-start hook), and stopped
+when the server stops, which cancels builds and kills their processes.
+
+Kernels find the agent through ``JUPYTER_RUNTIMEENV_URL`` and ``JUPYTER_RUNTIMEENV_TOKEN``, which
+the extension puts into the server's environment: jupyter_client copies ``os.environ`` into
+every kernel it launches. The token is the server's own token (a kernel can read it from the
+server's runtime file anyway), so the identity provider and the authorizer see the server's
+user, with no side door in the handlers.
+
+A kernel's references are held under ``kernel:<kernel id>`` (or ``kernel:<kernel id>/<more>``);
+they are released when the kernel manager reports the kernel shut down (the ``kernel_actions``
+event) and, for kernels that die without a shutdown, by a periodic sweep that compares the
+kernels that were running with those that still are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.serverapp import ServerApp
+from traitlets import Float, Int, List, Unicode
+
+from ..agent import RuntimeEnvAgent
+from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
+from ..agent.events import Event
+from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
+from ..plugins.registry import PluginRegistry
+from .events import SCHEMA_PATH, EventForwarder
+from .handlers import API_PREFIX, default_handlers
+
+KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
+KERNEL_HOLDER_PREFIX = "kernel:"
+
+_current: RuntimeEnvExtension | None = None
+
+
+def kernel_holder(kernel_id: str) -> str:
+    """The holder under which references taken for kernel ``kernel_id`` are recorded."""
+    return f"{KERNEL_HOLDER_PREFIX}{kernel_id}"
+
+
+def holds_for_kernel(holder: str, kernel_id: str) -> bool:
+    base = kernel_holder(kernel_id)
+    return holder == base or holder.startswith(base + "/")
+
+
+async def local_agent() -> RuntimeEnvAgent | None:
+    """The started agent of the server extension running in this process, if any.
+
+    Called by the kernel provisioner, which runs in the server's process and loop: it uses the
+    agent directly rather than calling the server over HTTP.
+    """
+    if _current is None or _current.agent is None:
+        return None
+    return await _current.started_agent()
+
+
+class RuntimeEnvExtension(ExtensionApp):
+    """The Jupyter server extension hosting the runtime environment agent."""
+
+    name = "jupyter_runtimeenv"
+    description = "Runtime environments for notebooks: build, cache and serve them"
+
+    cache_dir = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="The cache root (default: $JUPYTER_RUNTIMEENV_CACHE or the user cache dir).",
+    )
+    max_cache_bytes = Int(
+        DEFAULT_MAX_CACHE_BYTES,
+        config=True,
+        help="Unreferenced resources are evicted, least recently used first, above this size.",
+    )
+    max_concurrent_installs = Int(2, config=True, help="Installs that may run at once.")
+    max_concurrent_downloads = Int(4, config=True, help="Downloads that may run at once.")
+    build_timeout = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="Upper bound in seconds on every build (specs may ask for less); None: no bound.",
+    )
+    allowed_plugins = List(
+        Unicode(),
+        default_value=None,
+        allow_none=True,
+        config=True,
+        help="Import paths a spec's 'plugins' field may name; None: any.",
+    )
+    kernel_sweep_interval = Float(
+        10.0,
+        config=True,
+        help="Seconds between checks for kernels that died, whose references are then released.",
+    )
+
+    agent: RuntimeEnvAgent | None = None
+
+    @property
+    def server(self) -> ServerApp:
+        """The server this extension is linked to (set by jupyter_server before loading)."""
+        assert self.serverapp is not None
+        return self.serverapp
+
+    # -- lifecycle (called by jupyter_server's extension manager) -----------------------
+
+    def initialize_settings(self) -> None:
+        """Create the agent and wire events and kernels. Called by ``ExtensionApp.initialize``
+        when the server loads the extension, before the event loop runs."""
+        global _current
+        registry = PluginRegistry(allowed=self.allowed_plugins)
+        self.agent = RuntimeEnvAgent(
+            self.cache_dir,
+            max_cache_bytes=self.max_cache_bytes,
+            max_concurrent_installs=self.max_concurrent_installs,
+            max_concurrent_downloads=self.max_concurrent_downloads,
+            build_timeout=self.build_timeout,
+            registry=registry,
+        )
+        self._start_lock: asyncio.Lock | None = None
+        self._started = False
+        self._stopped = False
+        self._sweeper: asyncio.Task[None] | None = None
+        self._known_kernels: set[str] = set()
+        self._states: dict[str, str] = {}
+        logger = self.server.event_logger
+        assert logger is not None  # ServerApp.initialize made it before loading extensions
+        logger.register_event_schema(SCHEMA_PATH)
+        self.forwarder = EventForwarder(logger)
+        self._unlisten = [
+            self.agent.add_listener(self.forwarder),
+            self.agent.add_listener(self._track_state),
+        ]
+        logger.add_listener(schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action)
+        self._saved_environ = {k: os.environ.get(k) for k in (URL_ENV_VAR, TOKEN_ENV_VAR)}
+        self.export_environment()
+        self.settings["jupyter_runtimeenv"] = self
+        _current = self
+
+    def initialize_handlers(self) -> None:
+        """Called by ``ExtensionApp`` to collect the handlers (it prefixes ``base_url``)."""
+        self.handlers.extend(default_handlers)
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Called by the extension manager once the server's loop runs (not under
+        pytest-jupyter): the port is final now, and the agent can start early."""
+        self.export_environment()
+        await self.started_agent()
+
+    async def stop_extension(self) -> None:
+        """Stop the agent (cancelling builds, killing their processes) and restore the
+        environment. Called by the server's cleanup, before it shuts the kernels down."""
+        global _current
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+        for unlisten in self._unlisten:
+            unlisten()
+        if self.server.event_logger is not None:
+            self.server.event_logger.remove_listener(
+                schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action
+            )
+        if self.agent is not None and self._started:
+            await self.agent.stop()
+        self.forwarder.close()
+        for key, value in self._saved_environ.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if _current is self:
+            _current = None
+
+    # -- the agent ------------------------------------------------------------------------
+
+    async def started_agent(self) -> RuntimeEnvAgent:
+        """The agent, started on first use. Called by handlers and the provisioner."""
+        assert self.agent is not None
+        if self._stopped:
+            raise RuntimeError("the jupyter_runtimeenv extension is stopped")
+        if not self._started:
+            if self._start_lock is None:
+                self._start_lock = asyncio.Lock()
+            async with self._start_lock:
+                if not self._started:
+                    await self.agent.start()
+                    self._started = True
+                    self._sweeper = asyncio.create_task(self._sweep_kernels())
+        return self.agent
+
+    @property
+    def agent_started(self) -> bool:
+        return self._started and not self._stopped
+
+    def state_counts(self) -> dict[str, int]:
+        """How many envs this server saw in each state; from memory (no I/O, for GET status)."""
+        counts: dict[str, int] = {}
+        for state in self._states.values():
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def _track_state(self, event: Event) -> None:
+        if event.kind != "state":
+            return
+        if event.data.get("removed"):
+            self._states.pop(event.env_id, None)
+        else:
+            self._states[event.env_id] = str(event.data.get("state"))
+
+    # -- kernels --------------------------------------------------------------------------
+
+    def kernel_url(self) -> str:
+        """The URL of the REST API as seen from a kernel on this machine."""
+        app = self.server
+        if app.sock:
+            return str(app.connection_url) + API_PREFIX.lstrip("/") + "/"
+        ip = app.ip
+        if ip in ("", "localhost", "0.0.0.0", "*", "127.0.0.1"):
+            host = "127.0.0.1"
+        elif ip in ("::", "::1"):
+            host = "[::1]"
+        else:
+            host = f"[{ip}]" if ":" in ip else ip
+        scheme = "https" if app.certfile else "http"
+        return f"{scheme}://{host}:{app.port}{app.base_url}{API_PREFIX.lstrip('/')}/"
+
+    def export_environment(self) -> None:
+        """Put the URL and token into ``os.environ``, which kernels started later inherit.
+        Called at load and again at start (the port may change in between)."""
+        os.environ[URL_ENV_VAR] = self.kernel_url()
+        token = self.server.identity_provider.token
+        if token:
+            os.environ[TOKEN_ENV_VAR] = token
+        else:
+            os.environ.pop(TOKEN_ENV_VAR, None)
+
+    async def release_kernel(self, kernel_id: str) -> list[str]:
+        """Release every reference held for ``kernel_id``; the env ids released. Called on a
+        kernel's shutdown event and by the sweep when a kernel disappeared."""
+        if self._stopped or not self._started or self.agent is None:
+            return []
+        released = []
+        for env in await self.agent.status():
+            for holder in env.get("holders", []):
+                if holds_for_kernel(holder, kernel_id):
+                    await self.agent.release(env["env_id"], holder)
+                    released.append(env["env_id"])
+        if released:
+            self.log.info(
+                "jupyter_runtimeenv: released %s env(s) of kernel %s", len(released), kernel_id
+            )
+        return released
+
+    def note_holder(self, holder: str) -> None:
+        """Remember the kernel behind a ``kernel:<id>`` holder if this server runs it, so that
+        the sweep releases its references even if it dies before the next sweep. Called by
+        the POST handler."""
+        if not holder.startswith(KERNEL_HOLDER_PREFIX):
+            return
+        kernel_id = holder[len(KERNEL_HOLDER_PREFIX) :].split("/", 1)[0]
+        if kernel_id in self._running_kernels():
+            self._known_kernels.add(kernel_id)
+
+    async def _on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        if data.get("action") == "shutdown" and data.get("kernel_id"):
+            await self.release_kernel(str(data["kernel_id"]))
+
+    def _running_kernels(self) -> set[str]:
+        manager = self.server.kernel_manager
+        running = set(manager.list_kernel_ids())
+        running.update(getattr(manager, "_pending_kernels", {}))
+        return running
+
+    async def _sweep_kernels(self) -> None:
+        """Release references of kernels that vanished (died, culled) since the last look."""
+        while True:
+            await asyncio.sleep(self.kernel_sweep_interval)
+            running = self._running_kernels()
+            for kernel_id in self._known_kernels - running:
+                try:
+                    await self.release_kernel(kernel_id)
+                except Exception:  # the sweep must outlive one bad release
+                    self.log.exception("jupyter_runtimeenv: releasing kernel %s failed", kernel_id)
+            self._known_kernels = running
