@@ -10,6 +10,7 @@
     ├── AgentUnavailable             the agent (server or embedded) cannot be reached
     ├── WorkerError                  a worker process failed to start or to talk
     │   └── BrokenWorker             a worker died or broke the protocol mid-task
+    ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
     └── RemoteTaskError              the task raised; renders the remote traceback
 
 Third-party errors are converted at the boundary where they enter this package.
@@ -30,6 +31,7 @@ __all__ = [
     "PluginNotFound",
     "RemoteTaskError",
     "RuntimeEnvError",
+    "SerializationError",
     "SpecError",
     "WorkerError",
 ]
@@ -162,6 +164,13 @@ class BrokenWorker(WorkerError):
     """A worker died or broke the protocol while running a task."""
 
 
+class SerializationError(RuntimeEnvError, TypeError):
+    """A task's function, an argument or its result could not be pickled.
+
+    The message names which one (``argument 1``, ``keyword argument 'x'``, ``the result``).
+    """
+
+
 class RemoteTaskError(RuntimeEnvError):
     """A task raised in its worker.
 
@@ -200,6 +209,11 @@ class RemoteTaskError(RuntimeEnvError):
             except TypeError:  # incompatible layouts (e.g. some C exceptions)
                 pass
         return cls(function, remote_traceback, cause)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the local frames: the remote traceback."""
+        lines = self.remote_traceback.rstrip().splitlines()
+        return [*lines, f"(raised in the worker of {self.function})"]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteTaskError.wrap, (self.function, self.remote_traceback, self.cause))

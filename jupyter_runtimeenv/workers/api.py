@@ -1,0 +1,223 @@
+"""The Ray-like public API: ``init``, ``remote``, ``get``, ``wait`` (and ``shutdown``).
+
+Users call these from a notebook (the kernel is the driver)::
+
+    import jupyter_runtimeenv as jre
+    jre.init(runtime_env={"env_vars": {"MODE": "fast"}})
+
+    @jre.remote
+    def crunch(x): ...
+
+    futures = [crunch.remote(i) for i in range(10)]
+    jre.get(futures)                                     # or: await futures[0]
+    crunch.options(runtime_env={"pip": ["numpy"]}).remote(3)
+
+The effective environment of a call is the session default (``init``), then the function's
+``@remote(runtime_env=...)``, then ``.options(runtime_env=...)``, merged by ``spec.merge``
+(key by key; ``env_vars`` per variable).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from ..spec import RuntimeEnvSpec, merge, parse
+from .executor import Executor, LocalExecutor
+from .future import RemoteFuture
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+EnvLike = RuntimeEnvSpec | Mapping[str, Any]
+
+
+class _Session:
+    """The process-wide default environment and executor. Guarded by ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runtime_env: RuntimeEnvSpec | None = None
+        self.executor: Executor | None = None
+        self.owns_executor = False
+        self.generation = 0
+
+    def get_executor(self) -> Executor:
+        with self.lock:
+            if self.executor is None:
+                self.executor, self.owns_executor = LocalExecutor(), True
+            return self.executor
+
+
+_session = _Session()
+
+
+def init(runtime_env: EnvLike | None = None, executor: Executor | None = None) -> None:
+    """Set the session's default environment and, optionally, its executor.
+
+    ``runtime_env`` is parsed now (a bad spec raises ``SpecError`` here). Calling ``init``
+    again replaces both; an executor the session created itself is shut down when replaced.
+    """
+    spec = None if runtime_env is None else _as_spec(runtime_env)
+    with _session.lock:
+        old = _session.executor if _session.owns_executor and executor is not None else None
+        _session.runtime_env = spec
+        if executor is not None:
+            _session.executor, _session.owns_executor = executor, False
+        _session.generation += 1
+    if old is not None:
+        old.shutdown()
+
+
+def shutdown() -> None:
+    """Forget the session's settings; shut down the executor if the session created it."""
+    with _session.lock:
+        old = _session.executor if _session.owns_executor else None
+        _session.runtime_env, _session.executor, _session.owns_executor = None, None, False
+        _session.generation += 1
+    if old is not None:
+        old.shutdown()
+
+
+class RemoteFunction(Generic[P, R]):
+    """A function that runs in a worker: ``f.remote(...)`` returns a ``RemoteFuture``."""
+
+    def __init__(self, function: Callable[P, R], runtime_env: EnvLike | None = None) -> None:
+        self._function = function
+        self._runtime_env = None if runtime_env is None else _as_spec(runtime_env)
+        self._memo: tuple[int, RuntimeEnvSpec] | None = None
+        functools.update_wrapper(self, function)
+
+    def __repr__(self) -> str:
+        return f"<RemoteFunction {getattr(self._function, '__qualname__', self._function)}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self._function, "__name__", "f")
+        raise TypeError(
+            f"remote function {name} cannot be called directly; "
+            f"use {name}.remote(...) and get() the result"
+        )
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> RemoteFuture[R]:
+        """Run the function in its environment; returns at once."""
+        executor = _session.get_executor()
+        name = getattr(self._function, "__name__", "task")
+        return executor.submit(
+            self._function, args, kwargs, runtime_env=self._effective_env(), name=name
+        )
+
+    def options(self, *, runtime_env: EnvLike | None = None) -> RemoteFunction[P, R]:
+        """The same function with ``runtime_env`` merged over this one's."""
+        if runtime_env is None:
+            return self
+        env = merge(self._runtime_env, _as_spec(runtime_env))
+        return RemoteFunction(self._function, env)
+
+    def _effective_env(self) -> RuntimeEnvSpec:
+        memo, generation = self._memo, _session.generation
+        if memo is not None and memo[0] == generation:
+            return memo[1]
+        spec = merge(_session.runtime_env, self._runtime_env)
+        self._memo = (generation, spec)
+        return spec
+
+
+@overload
+def remote(function: Callable[P, R], /) -> RemoteFunction[P, R]: ...
+
+
+@overload
+def remote(
+    *, runtime_env: EnvLike | None = None
+) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
+
+
+def remote(
+    function: Callable[P, R] | None = None, /, *, runtime_env: EnvLike | None = None
+) -> RemoteFunction[P, R] | Callable[[Callable[P, R]], RemoteFunction[P, R]]:
+    """``@remote`` or ``@remote(runtime_env={...})`` on a function."""
+    if function is not None:
+        if not callable(function):
+            raise TypeError(f"@remote expects a function, got {type(function).__name__}")
+        return RemoteFunction(function, runtime_env)
+
+    def decorate(fn: Callable[P, R]) -> RemoteFunction[P, R]:
+        return RemoteFunction(fn, runtime_env)
+
+    return decorate
+
+
+@overload
+def get(refs: concurrent.futures.Future[T], timeout: float | None = None) -> T: ...
+
+
+@overload
+def get(refs: Sequence[concurrent.futures.Future[T]], timeout: float | None = None) -> list[T]: ...
+
+
+def get(
+    refs: concurrent.futures.Future[T] | Sequence[concurrent.futures.Future[T]],
+    timeout: float | None = None,
+) -> T | list[T]:
+    """The result of a future, or the results of a list of futures, in order.
+
+    Raises the task's error (``RemoteTaskError``, ``BrokenWorker``, ``BuildError`` ...) and
+    ``TimeoutError`` when ``timeout`` seconds pass first (for a list: in total).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if isinstance(refs, concurrent.futures.Future):
+        return _result(refs, deadline)
+    if not isinstance(refs, Sequence) or isinstance(refs, str | bytes):
+        raise TypeError(f"get() expects a future or a list of futures, got {type(refs).__name__}")
+    return [_result(ref, deadline) for ref in refs]
+
+
+def _result(future: concurrent.futures.Future[T], deadline: float | None) -> T:
+    if not isinstance(future, concurrent.futures.Future):
+        raise TypeError(f"get() expects futures, got {type(future).__name__}")
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        return future.result(remaining)
+    except concurrent.futures.TimeoutError:
+        if future.done():  # the task itself raised a TimeoutError
+            raise
+        raise TimeoutError(f"get() timed out waiting for {future!r}") from None
+
+
+def wait(
+    futures: Iterable[concurrent.futures.Future[T]],
+    num_returns: int = 1,
+    timeout: float | None = None,
+) -> tuple[list[concurrent.futures.Future[T]], list[concurrent.futures.Future[T]]]:
+    """Wait until ``num_returns`` futures are done or ``timeout`` passes, like ``ray.wait``.
+
+    Returns ``(ready, not_ready)``, each in the order given; ``ready`` holds at most
+    ``num_returns`` futures.
+    """
+    futures = list(futures)
+    if not 0 <= num_returns <= len(futures):
+        raise ValueError(f"num_returns must be between 0 and {len(futures)}, got {num_returns}")
+    if len(set(map(id, futures))) != len(futures):
+        raise ValueError("wait() got the same future twice")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while sum(f.done() for f in futures) < num_returns:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            break
+        pending = [f for f in futures if not f.done()]
+        concurrent.futures.wait(pending, remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+    ready: list[concurrent.futures.Future[T]] = []
+    for future in futures:
+        if future.done() and len(ready) < num_returns:
+            ready.append(future)
+    not_ready = [f for f in futures if not any(f is r for r in ready)]
+    return ready, not_ready
+
+
+def _as_spec(value: EnvLike) -> RuntimeEnvSpec:
+    return value if isinstance(value, RuntimeEnvSpec) else parse(dict(value))

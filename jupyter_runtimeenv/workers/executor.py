@@ -1,0 +1,217 @@
+"""Executors: where remote calls run. ``LocalExecutor`` runs them in worker pools here.
+
+``Executor`` is the contract the ``remote`` API (``api.py``) programs against; a
+``DaskExecutor`` (many machines) implements the same two methods later.
+
+Driver ``sys.path`` (the ``driver_sys_path`` field): ``True`` (the default) is resolved here,
+at every submit, to the driver's current entries, minus the driver interpreter's own
+standard library and site-packages (the environment already layers over those, or
+deliberately does not: an isolated env, or another Python whose stdlib must not be shadowed).
+The resolved list enters the spec, so a changed ``sys.path`` gives another env id and a
+fresh pool: no worker ever runs with a stale path or stale imported modules. The pool it
+replaces drains (its running tasks finish) and closes, releasing its agent reference.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import os
+import site
+import sys
+import sysconfig
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..context import EnvContext
+from ..spec import RuntimeEnvSpec, merge
+from .future import RemoteFuture, Task
+from .output import OutputTarget
+from .pool import Pool
+from .serialize import dump_call
+
+
+class Executor(abc.ABC):
+    """Runs ``function(*args, **kwargs)`` in ``runtime_env``; called by ``RemoteFunction``."""
+
+    @abc.abstractmethod
+    def submit(
+        self,
+        function: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        runtime_env: RuntimeEnvSpec,
+        name: str,
+    ) -> RemoteFuture[Any]:
+        """Start the call; errors of the call itself are delivered through the future."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop every worker and release every environment. Idempotent."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+AcquireFn = Callable[[RuntimeEnvSpec, str], EnvContext]
+ReleaseFn = Callable[[str, str], None]
+
+
+class LocalExecutor(Executor):
+    """Worker pools in this process, one per resolved environment.
+
+    ``acquire``/``release`` default to the process-wide agent client (``get_client()``,
+    looked up at the first submit); tests and embedders may pass their own.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_workers: int | None = None,
+        idle_timeout: float = 60.0,
+        acquire: AcquireFn | None = None,
+        release: ReleaseFn | None = None,
+    ) -> None:
+        self.max_workers = max_workers
+        self.idle_timeout = idle_timeout
+        self._acquire = acquire
+        self._release = release
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[str, tuple[str, ...] | None], Pool] = {}
+        self._current: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+        self._holders = itertools.count(1)
+        self._shut = False
+        # Dropping the executor without shutdown() must not leave its workers behind.
+        self._finalizer = weakref.finalize(self, _close_pools, self._pools)
+
+    @property
+    def pools(self) -> list[Pool]:
+        with self._lock:
+            return list(self._pools.values())
+
+    def submit(
+        self,
+        function: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        runtime_env: RuntimeEnvSpec,
+        name: str,
+    ) -> RemoteFuture[Any]:
+        future: RemoteFuture[Any] = RemoteFuture(name)
+        task = Task(b"", future, OutputTarget.capture(name))
+        task.payload = dump_call(task.id, function, args, kwargs, name)  # may raise at once
+        while not self._pool_for(runtime_env).submit(task):
+            pass  # that pool began closing (idle, or superseded) just now: take the next one
+        return future
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._shut = True
+        self._finalizer()
+
+    def _pool_for(self, spec: RuntimeEnvSpec) -> Pool:
+        paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
+        key = (spec.env_id, paths)
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("this executor was shut down")
+            pool = self._pools.get(key)
+            if pool is not None and not pool.closed:
+                return pool
+            superseded = self._pools.get(self._current.get(spec.env_id, key))
+            if superseded is pool:
+                superseded = None
+            resolved = spec if paths is None else merge(spec, {"driver_sys_path": list(paths)})
+            pool = self._new_pool(resolved)
+            self._pools[key] = pool
+            self._current[spec.env_id] = key
+            for stale in [k for k, p in self._pools.items() if p.closed and k != key]:
+                del self._pools[stale]
+        if superseded is not None:
+            superseded.drain()
+        return pool
+
+    def _new_pool(self, spec: RuntimeEnvSpec) -> Pool:
+        holder = f"pool:{os.getpid()}:{next(self._holders)}:{spec.env_id[:12]}"
+        acquire, release = self._acquire, self._release
+        if acquire is None or release is None:
+            from ..client import get_client
+
+            client = get_client()
+            acquire = acquire or client.acquire_sync
+            release = release or client.release_sync
+        get, drop = acquire, release
+        return Pool(
+            lambda: get(spec, holder),
+            lambda ctx: drop(ctx.env_id, holder),
+            max_workers=self.max_workers,
+            idle_timeout=self.idle_timeout,
+            close_when_idle=True,
+            name=f"pool-{spec.env_id[:8]}",
+        )
+
+
+def _close_pools(pools: dict[Any, Pool]) -> None:
+    for pool in list(pools.values()):
+        pool.close()
+    pools.clear()
+
+
+# -- the driver's sys.path ------------------------------------------------------------------
+
+_memo: tuple[tuple[str, ...], str | None, tuple[str, ...]] | None = None
+_memo_lock = threading.Lock()
+
+
+def resolve_driver_sys_path(path: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The driver's ``sys.path`` entries a worker should put first, in the driver's order.
+
+    Relative entries (``""`` is the cwd) become absolute; the driver interpreter's own
+    stdlib and site-packages are left out. Memoised: the common case costs a tuple compare.
+    """
+    global _memo
+    snapshot = tuple(sys.path if path is None else path)
+    memo = _memo
+    if memo is not None and memo[0] == snapshot and (memo[1] is None or memo[1] == os.getcwd()):
+        return memo[2]
+    relative = any(not os.path.isabs(entry) for entry in snapshot)
+    cwd = os.getcwd() if relative else None
+    excluded = _interpreter_dirs()
+    result: list[str] = []
+    for entry in snapshot:
+        absolute = os.path.normpath(os.path.join(cwd or "", entry)) if entry else (cwd or "")
+        if absolute and absolute not in excluded and absolute not in result:
+            result.append(absolute)
+    with _memo_lock:
+        _memo = (snapshot, cwd, tuple(result))
+    return tuple(result)
+
+
+def _interpreter_dirs() -> frozenset[str]:
+    global _interpreter_cache
+    if _interpreter_cache is None:
+        dirs: set[str] = set()
+        bases = [{}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}]
+        for variables in bases:
+            paths = sysconfig.get_paths(vars=variables)
+            for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+                dirs.add(paths[name])
+            dirs.add(os.path.join(paths["platstdlib"], "lib-dynload"))
+        version = f"{sys.version_info[0]}{sys.version_info[1]}"
+        for prefix in {sys.prefix, sys.base_prefix}:
+            dirs.add(os.path.join(prefix, "lib", f"python{version}.zip"))
+        dirs.update(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.add(site.getusersitepackages())
+        _interpreter_cache = frozenset(os.path.normpath(d) for d in dirs)
+    return _interpreter_cache
+
+
+_interpreter_cache: frozenset[str] | None = None

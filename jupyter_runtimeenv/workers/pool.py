@@ -1,0 +1,313 @@
+"""``Pool``: the workers of one environment, in the driver.
+
+Owned by ``LocalExecutor`` (one pool per resolved env id); tests build pools directly. The
+pool gets its ``EnvContext`` from ``acquire`` in a background thread (an agent build can take
+minutes and ``.remote()`` must not block), queues tasks meanwhile, starts workers on demand
+up to ``max_workers``, reuses idle ones (most recently used first: warm caches), stops those
+idle for ``idle_timeout`` seconds, and calls ``release`` (the agent reference) exactly once
+when it closes. Every live pool is closed at interpreter exit.
+
+Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
+blocks (sending, spawning, settling futures, releasing) runs under it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+
+from ..context import EnvContext
+from ..errors import BrokenWorker, WorkerError
+from .future import Task
+from .process import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+
+class PoolState(Enum):
+    ACQUIRING = "acquiring"  # waiting for the environment
+    READY = "ready"
+    DRAINING = "draining"  # no new tasks; closes when the queued and running ones are done
+    CLOSED = "closed"
+
+
+class Pool:
+    """Workers for one environment. ``submit`` returns ``False`` once the pool is closing."""
+
+    def __init__(
+        self,
+        acquire: Callable[[], EnvContext],
+        release: Callable[[EnvContext], None] | None = None,
+        *,
+        max_workers: int | None = None,
+        idle_timeout: float = 60.0,
+        close_when_idle: bool = False,
+        name: str = "pool",
+    ) -> None:
+        self.max_workers = max_workers or os.cpu_count() or 1
+        self.idle_timeout = idle_timeout
+        self.close_when_idle = close_when_idle
+        self.name = name
+        self.ctx: EnvContext | None = None
+        self.state = PoolState.ACQUIRING
+        self._release = release
+        self._lock = threading.Lock()
+        self._queue: deque[Task] = deque()
+        self._workers: set[WorkerProcess] = set()
+        self._idle: list[WorkerProcess] = []
+        self._janitor_wake = threading.Event()
+        self._janitor: threading.Thread | None = None
+        self._closing = False
+        _live_pools.add(self)
+        _register_atexit()
+        threading.Thread(
+            target=self._acquire, args=(acquire,), name=f"{name}-acquire", daemon=True
+        ).start()
+
+    def __repr__(self) -> str:
+        return f"<Pool {self.name} {self.state.value} workers={len(self._workers)}>"
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (PoolState.DRAINING, PoolState.CLOSED)
+
+    @property
+    def pids(self) -> list[int]:
+        with self._lock:
+            return sorted(w.pid for w in self._workers if w.pid)
+
+    # -- called by the executor -----------------------------------------------------------
+
+    def submit(self, task: Task) -> bool:
+        """Run ``task`` on an idle worker, or queue it (starting a worker if allowed)."""
+        spawn: WorkerProcess | None = None
+        with self._lock:
+            if self.closed:
+                return False
+            task.future.set_cancel_hook(lambda _future: self._cancel(task))
+            worker = self._idle.pop() if self._idle else None
+            if worker is not None:
+                self._assign(worker, task)
+            else:
+                self._queue.append(task)
+                spawn = self._reserve_worker()
+        if worker is not None:
+            worker.send(task)
+        elif spawn is not None:
+            self._start(spawn)
+        return True
+
+    def drain(self) -> None:
+        """Take no new tasks; close once the queued and running ones are done."""
+        with self._lock:
+            if self.state is PoolState.CLOSED:
+                return
+            self.state = PoolState.DRAINING
+            finished = self._finished()
+        if finished:
+            self.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel queued and running tasks, end every worker, release the environment."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self.state = PoolState.CLOSED
+            queued, self._queue = list(self._queue), deque()
+            workers = list(self._workers)
+            running = [w.task for w in workers if w.task is not None]
+            self._idle.clear()
+        self._janitor_wake.set()
+        for task in queued + running:
+            task.future.cancel()  # a running one's hook kills its worker
+        for worker in workers:
+            worker.stop()
+        for worker in workers:
+            worker.join(timeout)
+        self._release_env()
+
+    # -- WorkerListener: called by the workers' reader threads ------------------------------
+
+    def worker_ready(self, worker: WorkerProcess) -> Task | None:
+        with self._lock:
+            return self._next_for(worker)
+
+    def task_finished(self, worker: WorkerProcess, task: Task) -> Task | None:
+        with self._lock:
+            if worker.task is task:
+                worker.task = None
+            return self._next_for(worker)
+
+    def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None:
+        failed: list[Task] = []
+        with self._lock:
+            self._workers.discard(worker)
+            if worker in self._idle:
+                self._idle.remove(worker)
+            task, worker.task = worker.task, None
+            if not worker.ready and not any(w.ready for w in self._workers):
+                # It could not even start: the next one would not either. Fail the queue.
+                failed, self._queue = list(self._queue), deque()
+            spawn = self._reserve_worker()
+            close = self._finished() or (self.close_when_idle and self._empty())
+        if task is not None:
+            failed.insert(0, task)
+        for each in failed:
+            each.future.settle_exception(error if task is not each else _as_broken(error))
+        if spawn is not None:
+            self._start(spawn)
+        if close:
+            self._close_soon()
+
+    # -- internals (``_lock`` held unless said otherwise) ---------------------------------
+
+    def _assign(self, worker: WorkerProcess, task: Task) -> None:
+        worker.task = task
+        task.future.mark_started()
+
+    def _next_for(self, worker: WorkerProcess) -> Task | None:
+        if worker not in self._workers or self.state is PoolState.CLOSED:
+            return None
+        if self._queue:
+            task = self._queue.popleft()
+            self._assign(worker, task)
+            return task
+        if self.state is PoolState.DRAINING:
+            self._workers.discard(worker)
+            worker.stop()
+            if self._finished():
+                self._close_soon()
+            return None
+        worker.idle_since = time.monotonic()
+        self._idle.append(worker)
+        self._start_janitor()
+        return None
+
+    def _reserve_worker(self) -> WorkerProcess | None:
+        if self.ctx is None or self.state is PoolState.CLOSED:
+            return None
+        starting = sum(1 for w in self._workers if not w.ready)
+        if starting >= len(self._queue) or len(self._workers) >= self.max_workers:
+            return None
+        worker = WorkerProcess(self.ctx, self)
+        self._workers.add(worker)
+        return worker
+
+    def _finished(self) -> bool:
+        return self.state is PoolState.DRAINING and not self._queue and self._empty(busy_only=True)
+
+    def _empty(self, busy_only: bool = False) -> bool:
+        if busy_only:
+            return not any(w.task is not None for w in self._workers)
+        return not self._workers and not self._queue and self.state is PoolState.READY
+
+    def _close_soon(self) -> None:
+        # Not in the calling (reader) thread: close() joins reader threads.
+        threading.Thread(target=self.close, name=f"{self.name}-close", daemon=True).start()
+
+    def _start(self, worker: WorkerProcess) -> None:
+        """Launch a reserved worker. Lock not held."""
+        try:
+            worker.start()
+        except WorkerError as exc:
+            self.worker_died(worker, exc)
+
+    def _cancel(self, task: Task) -> None:
+        """The cancel hook of ``task``'s future. Lock not held."""
+        victim: WorkerProcess | None = None
+        with self._lock:
+            try:
+                self._queue.remove(task)
+            except ValueError:
+                victim = next((w for w in self._workers if w.task is task), None)
+        if victim is not None:
+            victim.kill()  # its reader thread reports the death; the pool replaces it
+
+    def _acquire(self, acquire: Callable[[], EnvContext]) -> None:
+        """Background thread: get the environment, then start workers for the queue."""
+        try:
+            ctx = acquire()
+        except BaseException as exc:
+            with self._lock:
+                self.state = PoolState.CLOSED
+                queued, self._queue = list(self._queue), deque()
+            _live_pools.discard(self)
+            for task in queued:
+                task.future.settle_exception(exc)
+            return
+        spawn: list[WorkerProcess] = []
+        with self._lock:
+            self.ctx = ctx
+            if self.state is PoolState.ACQUIRING:
+                self.state = PoolState.READY
+            while (worker := self._reserve_worker()) is not None:
+                spawn.append(worker)
+            closed = self.state is PoolState.CLOSED
+        if closed:
+            self._release_env()
+        for worker in spawn:
+            self._start(worker)
+
+    def _release_env(self) -> None:
+        """Drop the agent reference, once. Lock not held."""
+        with self._lock:
+            release, self._release = self._release, None
+            ctx = self.ctx
+        _live_pools.discard(self)
+        if release is not None and ctx is not None:
+            try:
+                release(ctx)
+            except Exception:
+                log.warning("could not release environment %s", ctx.env_id, exc_info=True)
+
+    def _start_janitor(self) -> None:
+        if self._janitor is None or not self._janitor.is_alive():
+            self._janitor = threading.Thread(
+                target=self._reap_idle, name=f"{self.name}-janitor", daemon=True
+            )
+            self._janitor.start()
+
+    def _reap_idle(self) -> None:
+        """Janitor thread: stop workers idle longer than ``idle_timeout``; exits when none."""
+        while True:
+            with self._lock:
+                if self.state is PoolState.CLOSED or not self._idle:
+                    self._janitor = None
+                    return
+                now = time.monotonic()
+                expired = [w for w in self._idle if now - w.idle_since >= self.idle_timeout]
+                for worker in expired:
+                    self._idle.remove(worker)
+                oldest = min((w.idle_since for w in self._idle), default=now)
+            for worker in expired:
+                worker.stop()  # it exits; worker_died removes it and may close the pool
+            self._janitor_wake.wait(max(0.01, oldest + self.idle_timeout - time.monotonic()))
+            self._janitor_wake.clear()
+
+
+def _as_broken(error: WorkerError) -> WorkerError:
+    return error if isinstance(error, BrokenWorker) else BrokenWorker(str(error))
+
+
+_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def close_all_pools() -> None:
+    """Close every live pool; registered with ``atexit`` so no worker outlives the driver."""
+    for pool in list(_live_pools):
+        pool.close(timeout=2.0)
+
+
+def _register_atexit() -> None:
+    # Re-registering moves us last, so we run before handlers registered earlier (atexit is
+    # LIFO), e.g. the agent client's close, which our releases need.
+    atexit.unregister(close_all_pools)
+    atexit.register(close_all_pools)

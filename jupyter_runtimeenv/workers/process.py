@@ -1,0 +1,311 @@
+"""``WorkerProcess``: the driver's handle on one worker process.
+
+Created and owned by ``Pool``. ``start()`` launches ``compose(ctx, [_entry.py, "--fd", N])``
+with one end of a socketpair as fd ``N`` and stdout/stderr on pipes, then one reader thread
+per worker multiplexes the three: output is fed to ``StreamForwarder``s, frames become
+outcomes. Before handling a RETURN/RAISE the thread drains the output pipes, so every line
+the task printed (the worker flushes before replying) is shown before its result and is
+attributed to it. The thread reports to its ``WorkerListener`` (the pool): ready, task
+finished (which hands back the next task), died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+from typing import Any, Protocol
+
+import cloudpickle
+
+from ..context import EnvContext, compose, process_env
+from ..errors import BrokenWorker, WorkerError
+from . import protocol
+from .future import Task
+from .output import OutputTarget, StreamForwarder
+from .serialize import load_outcome
+
+ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entry.py")
+CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
+#: Only the cloudpickle package itself, for environments that lack it (see ``_entry``).
+_CLOUDPICKLE_DIR = os.path.dirname(os.path.abspath(cloudpickle.__file__))
+_TAIL_BYTES = 4096
+
+
+class WorkerListener(Protocol):
+    """What a worker's reader thread tells its owner (the pool). Called without locks held."""
+
+    def worker_ready(self, worker: WorkerProcess) -> Task | None: ...
+
+    def task_finished(self, worker: WorkerProcess, task: Task) -> Task | None: ...
+
+    def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None: ...
+
+
+class WorkerProcess:
+    """One worker. ``task`` (the running task) is read and written under the pool's lock."""
+
+    def __init__(
+        self, ctx: EnvContext, listener: WorkerListener, *, startup_timeout: float = 60.0
+    ) -> None:
+        self.ctx = ctx
+        self.listener = listener
+        self.startup_timeout = startup_timeout
+        self.task: Task | None = None
+        self.pid = 0
+        self.idle_since = 0.0
+        self.ready = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._startup_tail = b""
+
+    def __repr__(self) -> str:
+        return f"<WorkerProcess pid={self.pid} ready={self.ready}>"
+
+    # -- lifecycle, called by the pool -----------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the process and its reader thread; ``WorkerError`` if it cannot start."""
+        ours, theirs = socket.socketpair()
+        env = process_env(self.ctx)
+        env[CLOUDPICKLE_VAR] = _CLOUDPICKLE_DIR
+        argv = compose(self.ctx, [ENTRY, "--fd", str(theirs.fileno())])
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=self.ctx.cwd,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # A Ctrl-C meant for the driver must not kill tasks; the driver ends workers.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            ours.close()
+            raise WorkerError(f"cannot start a worker with {argv[0]!r}: {exc}") from exc
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self._sock = ours
+        self._thread = threading.Thread(
+            target=self._run, name=f"jupyter-runtimeenv-worker-{self.pid}", daemon=True
+        )
+        self._thread.start()
+
+    def send(self, task: Task) -> None:
+        """Send ``task``'s CALL. A failure means the worker is dying: the reader reports it."""
+        with self._send_lock:
+            if self._sock is None or self._stopping:
+                return
+            with contextlib.suppress(OSError):
+                protocol.send_frame(self._sock, protocol.CALL, task.payload)
+
+    def stop(self) -> None:
+        """Ask the worker to exit: it sees EOF on the channel and returns."""
+        self._stopping = True
+        with self._send_lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_WR)
+
+    def kill(self) -> None:
+        """SIGKILL the worker (a cancelled task, a framing error, a close that timed out)."""
+        self._stopping = True
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    def join(self, timeout: float) -> None:
+        """Wait for the process to end (then kill it) and for the reader thread to finish."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.proc.wait()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        proc, sock = self.proc, self._sock
+        if proc is None or proc.stdout is None or proc.stderr is None or sock is None:
+            return
+        forwarders = {
+            proc.stdout.fileno(): StreamForwarder(1, self.pid),
+            proc.stderr.fileno(): StreamForwarder(2, self.pid),
+        }
+        selector = selectors.DefaultSelector()
+        for fd in forwarders:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(sock, selectors.EVENT_READ)
+        last: OutputTarget | None = None
+        error: WorkerError | None = None
+        deadline = time.monotonic() + self.startup_timeout
+        try:
+            while True:
+                timeout = None if self.ready else max(0.0, deadline - time.monotonic())
+                events = selector.select(timeout)
+                if not events and not self.ready:
+                    error = self._startup_error("did not say HELLO in time")
+                    break
+                # Output written before a frame is reported by the same select (the worker
+                # flushes, then sends; epoll is level-triggered), so it is drained first.
+                readable = {key.fileobj for key, _ in events}
+                if len(readable) > (sock in readable):
+                    target = self.task.output if self.task is not None else last
+                    self._drain(forwarders, selector, target)
+                if sock not in readable:
+                    continue
+                frame = protocol.recv_frame(sock)
+                if frame is None:
+                    error = None if self._stopping else self._died()
+                    break
+                if not self.ready:
+                    self._hello(*frame)
+                    self._dispatch(self.listener.worker_ready(self))
+                    continue
+                last = self._outcome(*frame, forwarders)
+        except (protocol.ProtocolError, OSError, ValueError) as exc:
+            self.kill()
+            error = BrokenWorker(f"worker pid {self.pid} broke the protocol: {exc}")
+        except WorkerError as exc:
+            error = exc
+        finally:
+            selector.close()
+        self._finish(forwarders, error, last)
+
+    def _hello(self, kind: int, payload: bytearray) -> None:
+        if kind != protocol.HELLO:
+            raise protocol.ProtocolError(f"expected HELLO, got kind {kind}")
+        hello: dict[str, Any] = json.loads(payload)
+        if hello.get("version") != protocol.PROTOCOL_VERSION:
+            self.kill()
+            raise WorkerError(
+                f"worker pid {self.pid} speaks protocol {hello.get('version')}, "
+                f"the driver {protocol.PROTOCOL_VERSION}: mixed jupyter-runtimeenv versions"
+            )
+        self.ready = True
+
+    def _outcome(
+        self, kind: int, payload: bytearray, forwarders: dict[int, StreamForwarder]
+    ) -> OutputTarget:
+        task = self.task
+        if task is None:
+            raise protocol.ProtocolError(f"frame kind {kind} while no task runs")
+        try:
+            value, failed = load_outcome(kind, payload, task.id, task.name), False
+        except protocol.ProtocolError:
+            raise
+        except Exception as exc:
+            value, failed = exc, True
+        del payload
+        for forwarder in forwarders.values():
+            forwarder.flush(task.output)
+        # Hand the worker its next task before waking the waiter: keeps it busy.
+        self._dispatch(self.listener.task_finished(self, task))
+        if failed:
+            task.future.settle_exception(value)
+        else:
+            task.future.settle_result(value)
+        return task.output
+
+    def _dispatch(self, task: Task | None) -> None:
+        if task is not None:
+            self.send(task)
+
+    def _drain(
+        self,
+        forwarders: dict[int, StreamForwarder],
+        selector: selectors.BaseSelector,
+        target: OutputTarget | None,
+    ) -> None:
+        for fd, forwarder in forwarders.items():
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:  # EOF: the process is gone or closed its stream
+                    if fd in selector.get_map():
+                        selector.unregister(fd)
+                    break
+                if not self.ready and forwarder.stream == 2:
+                    self._startup_tail = (self._startup_tail + data)[-_TAIL_BYTES:]
+                forwarder.feed(data, target)
+
+    def _died(self) -> WorkerError:
+        code = self._exit_code()
+        if not self.ready:
+            return self._startup_error(f"exited ({_describe_exit(code)}) before it was ready")
+        running = f" while running {self.task.name}" if self.task is not None else ""
+        return BrokenWorker(f"worker pid {self.pid} died{running}: {_describe_exit(code)}")
+
+    def _startup_error(self, what: str) -> WorkerError:
+        self.kill()
+        tail = self._startup_tail.decode("utf-8", "replace").strip()
+        detail = f"\n--- its stderr ---\n{tail}" if tail else ""
+        return WorkerError(f"worker pid {self.pid} ({self.ctx.python}) {what}{detail}")
+
+    def _exit_code(self) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:  # closed its end but lives on: end it
+            self.kill()
+            return self.proc.wait()
+
+    def _finish(
+        self,
+        forwarders: dict[int, StreamForwarder],
+        error: WorkerError | None,
+        last: OutputTarget | None,
+    ) -> None:
+        self._stopping = True
+        target = self.task.output if self.task is not None else last
+        if self.proc is not None:
+            self._exit_code()
+            self._drain(forwarders, selectors.DefaultSelector(), target)
+            for forwarder in forwarders.values():
+                forwarder.flush(target)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+        with self._send_lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        self.listener.worker_died(
+            self, error or WorkerError(f"worker pid {self.pid} stopped ({self._status()})")
+        )
+
+    def _status(self) -> str:
+        return _describe_exit(None if self.proc is None else self.proc.returncode)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

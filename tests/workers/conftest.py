@@ -1,0 +1,119 @@
+"""Fixtures of the worker tests: real worker processes, a real embedded agent.
+
+``agent_executor`` is a ``LocalExecutor`` wired to an ``EmbeddedClient`` over a fresh cache
+and installed as the session executor; ``make_pool`` builds pools on a context made here.
+After every test no worker process of ours may be left (checked with psutil).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from jupyter_runtimeenv.agent import RuntimeEnvAgent
+from jupyter_runtimeenv.client import EmbeddedClient
+from jupyter_runtimeenv.context import EnvContext
+from jupyter_runtimeenv.workers import api
+from jupyter_runtimeenv.workers.executor import LocalExecutor, resolve_driver_sys_path
+from jupyter_runtimeenv.workers.future import RemoteFuture, Task
+from jupyter_runtimeenv.workers.output import OutputTarget
+from jupyter_runtimeenv.workers.pool import Pool
+from jupyter_runtimeenv.workers.serialize import dump_call
+
+
+def worker_children() -> list[psutil.Process]:
+    """Our live worker processes (children running the bootstrap)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(part.endswith("_entry.py") for part in child.cmdline()) and (
+                child.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p
+            for p in alive
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        time.sleep(0.02)
+    assert not alive, f"processes still alive: {alive}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_workers() -> Iterator[None]:
+    yield
+    api.shutdown()
+    leftovers = worker_children()
+    for proc in leftovers:
+        proc.kill()
+    assert not leftovers, f"worker processes left behind: {[p.pid for p in leftovers]}"
+
+
+@pytest.fixture
+def ctx() -> EnvContext:
+    # The driver's path goes along, as the agent's driver_sys_path plugin would put it:
+    # the test functions live in modules of tests/workers.
+    return EnvContext(
+        python=sys.executable,
+        env_vars={"JRE_TEST": "direct"},
+        driver_sys_path=resolve_driver_sys_path(),
+    )
+
+
+@pytest.fixture
+def make_pool(ctx: EnvContext) -> Iterator[Callable[..., Pool]]:
+    pools: list[Pool] = []
+
+    def make(context: EnvContext | None = None, **kwargs: Any) -> Pool:
+        context = context or ctx
+        pool = Pool(lambda: context, **kwargs)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def submit(pool: Pool, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Submit straight to a pool (what ``LocalExecutor.submit`` does)."""
+    name = function.__name__
+    future: RemoteFuture[Any] = RemoteFuture(name)
+    task = Task(b"", future, OutputTarget.capture(name))
+    task.payload = dump_call(task.id, function, args, kwargs, name)
+    assert pool.submit(task)
+    return future
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[EmbeddedClient]:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    client = EmbeddedClient(RuntimeEnvAgent(cache))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def agent_executor(client: EmbeddedClient) -> Iterator[LocalExecutor]:
+    executor = LocalExecutor(
+        max_workers=2, acquire=client.acquire_sync, release=client.release_sync
+    )
+    api.init(executor=executor)
+    yield executor
+    executor.shutdown()
