@@ -164,14 +164,14 @@ class RuntimeEnvExtension(ExtensionApp):
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sweeper
-        for unlisten in self._unlisten:
-            unlisten()
         if self.server.event_logger is not None:
             self.server.event_logger.remove_listener(
                 schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action
             )
         if self.agent is not None and self._started:
-            await self.agent.stop()
+            await self.agent.stop()  # its last events (builds cancelled) still go out
+        for unlisten in self._unlisten:
+            unlisten()
         self.forwarder.close()
         for key, value in self._saved_environ.items():
             if value is None:

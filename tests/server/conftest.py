@@ -3,11 +3,9 @@ a non-root base URL, token auth required everywhere, and a cache of the test's o
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
-
-import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,14 +15,14 @@ API = ("jupyter-runtimeenv", "api")
 
 
 @pytest.fixture
-async def jp_asyncio_loop() -> AsyncIterator[asyncio.AbstractEventLoop]:
+async def jp_asyncio_loop() -> asyncio.AbstractEventLoop:
     """pytest-jupyter's loop, made the one pytest-asyncio runs the test on.
 
     pytest-jupyter starts the server on ``jp_asyncio_loop``; pytest-asyncio (asyncio_mode=auto)
     runs async tests on its own runner's loop. Handing pytest-jupyter the runner's loop puts
     the server and the test on one loop. The runner closes it, not us.
     """
-    yield asyncio.get_running_loop()
+    return asyncio.get_running_loop()
 
 
 @pytest.fixture
