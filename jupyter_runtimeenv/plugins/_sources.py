@@ -12,6 +12,7 @@ archives enter by the sha256 of the file; URLs by themselves (the URL names the 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,14 +93,40 @@ def tree_of(location: str, excludes: Sequence[str], keep_name: bool) -> Tree:
     return hash_tree(location, excludes, prefix=prefix)
 
 
+# The digest ``identity`` computed last for a source: ``uris`` reuses it, so the resource
+# built is the content the env id was made from; if the files changed in between, ``create``
+# notices (the content no longer matches) and fails instead of building other code under
+# the old id.
+_recent: dict[tuple[str, tuple[str, ...], bool], str] = {}
+
+
 def digest(
-    location: str, excludes: Sequence[str], field: str, *, keep_name: bool, limit: int
+    location: str,
+    excludes: Sequence[str],
+    field: str,
+    *,
+    keep_name: bool,
+    limit: int,
+    recall: bool = False,
 ) -> str:
     """What identifies the content at ``location``: ``kind:sha256`` or the URL.
 
     Blocking. ``SpecError`` when a local source is larger than ``limit`` bytes, naming its
-    largest files.
+    largest files. With ``recall``, the digest last computed for the same source is
+    returned if there is one.
     """
+    key = (location, tuple(excludes), keep_name)
+    if recall and key in _recent:
+        return _recent[key]
+    if len(_recent) > 10_000:
+        _recent.clear()
+    _recent[key] = found = _digest(location, excludes, field, keep_name=keep_name, limit=limit)
+    return found
+
+
+def _digest(
+    location: str, excludes: Sequence[str], field: str, *, keep_name: bool, limit: int
+) -> str:
     kind = kind_of(location)
     if kind == "url":
         return f"url:{location}"
@@ -141,12 +168,16 @@ async def create(
     target = build.target
     if kind == "url":
         name = location.rsplit("/", 1)[-1].split("?", 1)[0] or "download.zip"
-        archive = target / f".download-{name}"
-        await fetch(location, archive, build)
+        # Beside the target, not in it: the target must hold only the archive's content.
+        # Named after the target, so the agent's start-up sweep removes it if we die.
+        holder = target.with_name(target.name + ".download")
         try:
+            holder.mkdir()
+            archive = holder / name
+            await fetch(location, archive, build)
             return await _unpack_archive(archive, build, flatten=flatten)
         finally:
-            archive.unlink(missing_ok=True)
+            await build.to_thread(shutil.rmtree, holder, True)
     if kind in ("zip", "whl"):
         return await _unpack_archive(Path(location), build, flatten=flatten)
     tree = await build.to_thread(tree_of, location, build.spec.excludes, keep_name)
@@ -161,7 +192,7 @@ async def create(
 
 
 async def _unpack_archive(archive: Path, build: BuildContext, *, flatten: bool) -> int:
-    if archive.name.endswith(".whl") or _is_wheel_download(archive):
+    if archive.name.endswith(".whl"):
         return await _install_wheel(archive, build)
     size = await build.to_thread(safe_unzip, archive, build.target)
     if flatten:
@@ -170,17 +201,8 @@ async def _unpack_archive(archive: Path, build: BuildContext, *, flatten: bool) 
     return size
 
 
-def _is_wheel_download(archive: Path) -> bool:
-    return archive.name.startswith(".download-") and archive.name.endswith(".whl")
-
-
 async def _install_wheel(wheel: Path, build: BuildContext) -> int:
     """Install a wheel's files into the target (its own dependencies belong in ``pip``)."""
-    if wheel.name.startswith(".download-"):
-        # uv parses the wheel's file name: give it back its own name.
-        named = wheel.with_name(wheel.name[len(".download-") :])
-        os.replace(wheel, named)
-        wheel = named
     async with build.limit("install"):
         await build.run(
             [
@@ -190,6 +212,4 @@ async def _install_wheel(wheel: Path, build: BuildContext) -> int:
             env=installer_env(build.cache_root),
             what=f"installing {wheel.name}",
         )
-    if wheel.parent == build.target:
-        wheel.unlink(missing_ok=True)
     return 0

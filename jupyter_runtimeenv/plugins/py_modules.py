@@ -45,15 +45,17 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         return out
 
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
-        return self._digests(value, spec)
+        return self._digests(value, spec, recall=False)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        return [f"py_modules:{d}" for d in self._digests(value, spec)]
+        return [f"py_modules:{d}" for d in self._digests(value, spec, recall=True)]
 
-    def _digests(self, value: list[str], spec: RuntimeEnvSpec) -> list[str]:
+    def _digests(self, value: list[str], spec: RuntimeEnvSpec, *, recall: bool) -> list[str]:
         limit = _sources.max_bytes(self.max_bytes)
         return [
-            _sources.digest(loc, spec.excludes, f"{self.name}.{i}", keep_name=True, limit=limit)
+            _sources.digest(
+                loc, spec.excludes, f"{self.name}.{i}", keep_name=True, limit=limit, recall=recall
+            )
             for i, loc in enumerate(value)
         ]
 
@@ -74,7 +76,9 @@ class PyModulesPlugin(RuntimeEnvPlugin):
             if not expected.startswith(prefix):
                 continue
             try:
-                found = _sources.digest(location, excludes, self.name, keep_name=True, limit=limit)
+                found = _sources.digest(
+                    location, excludes, self.name, keep_name=True, limit=limit, recall=True
+                )
             except (OSError, SpecError):
                 continue
             if found == expected:

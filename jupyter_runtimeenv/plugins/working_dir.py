@@ -38,14 +38,16 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
         return _sources.normalize(value, "", kinds=_KINDS)
 
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
-        return self._digest(value, spec)
+        return self._digest(value, spec, recall=False)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        return [f"working_dir:{self._digest(value, spec)}"]
+        return [f"working_dir:{self._digest(value, spec, recall=True)}"]
 
-    def _digest(self, value: str, spec: RuntimeEnvSpec) -> str:
+    def _digest(self, value: str, spec: RuntimeEnvSpec, *, recall: bool) -> str:
         limit = _sources.max_bytes(self.max_bytes)
-        return _sources.digest(value, spec.excludes, self.name, keep_name=False, limit=limit)
+        return _sources.digest(
+            value, spec.excludes, self.name, keep_name=False, limit=limit, recall=recall
+        )
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
         expected = uri.split(":", 1)[1]
