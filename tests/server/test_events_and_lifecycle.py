@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from jupyter_runtimeenv.server.events import SCHEMA_ID
-from tests.server.conftest import API
+from tests.server.jupyter_fixtures import API
 from tests.server.plugins import script
 from tests.wheelhouse import make_wheelhouse, offline_installers
 

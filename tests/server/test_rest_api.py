@@ -10,7 +10,7 @@ import yaml
 from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 
-from tests.server.conftest import API
+from tests.server.jupyter_fixtures import API
 from tests.server.plugins import SCRIPT, script
 
 ROUTES = [
