@@ -96,8 +96,15 @@ def hash_file(path: str, st: os.stat_result | None = None) -> str:
     return sha
 
 
-def _spec(lines: Iterable[str]) -> pathspec.GitIgnoreSpec:
-    return pathspec.GitIgnoreSpec.from_lines(list(lines))
+# (base dir, spec, whether any pattern can match a file): patterns ending in "/" match
+# directories only, and excluded directories are pruned, so files skip those specs.
+Matcher = tuple[str, pathspec.GitIgnoreSpec, bool]
+
+
+def _matcher(base: str, lines: Iterable[str]) -> Matcher:
+    kept = [line for line in lines if line.strip() and not line.startswith("#")]
+    files_too = any(not line.rstrip().endswith("/") for line in kept)
+    return (base, pathspec.GitIgnoreSpec.from_lines(kept), files_too)
 
 
 def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "") -> Tree:
@@ -117,7 +124,7 @@ def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "
             FileEntry(name, root, bool(st.st_mode & 0o111), st.st_size, hash_file(root, st))
         )
     else:
-        base = [("", _spec([*DEFAULT_EXCLUDES, *excludes]))]
+        base = [_matcher("", [*DEFAULT_EXCLUDES, *excludes])]
         _walk(root, "", base, prefix, entries)
     return Tree(_digest(entries), tuple(entries))
 
@@ -125,7 +132,7 @@ def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "
 def _walk(
     root: str,
     rel_dir: str,
-    matchers: list[tuple[str, pathspec.GitIgnoreSpec]],
+    matchers: list[Matcher],
     prefix: str,
     out: list[FileEntry],
 ) -> None:
@@ -133,7 +140,7 @@ def _walk(
     gitignore = os.path.join(dirpath, ".gitignore")
     if os.path.isfile(gitignore):
         with open(gitignore, encoding="utf-8", errors="replace") as f:
-            matchers = [*matchers, (rel_dir, _spec(f.read().splitlines()))]
+            matchers = [*matchers, _matcher(rel_dir, f.read().splitlines())]
     with os.scandir(dirpath) as it:
         children = sorted(it, key=lambda e: e.name)
     for child in children:
@@ -161,8 +168,10 @@ def _walk(
         )
 
 
-def _ignored(rel: str, is_dir: bool, matchers: list[tuple[str, pathspec.GitIgnoreSpec]]) -> bool:
-    for base, spec in matchers:
+def _ignored(rel: str, is_dir: bool, matchers: list[Matcher]) -> bool:
+    for base, spec, files_too in matchers:
+        if not is_dir and not files_too:
+            continue
         sub = rel[len(base) + 1 :] if base else rel
         if spec.match_file(sub + "/" if is_dir else sub):
             return True

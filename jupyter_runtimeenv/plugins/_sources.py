@@ -98,6 +98,10 @@ def tree_of(location: str, excludes: Sequence[str], keep_name: bool) -> Tree:
 # notices (the content no longer matches) and fails instead of building other code under
 # the old id.
 _recent: dict[tuple[str, tuple[str, ...], bool], str] = {}
+# The last trees hashed, by digest: ``create`` links their blobs without walking the
+# directory again. Linking blobs by content gives exactly the hashed tree even if the
+# source changed since; content stored anew is checked against its hash while copying.
+_trees: dict[str, Tree] = {}
 
 
 def digest(
@@ -136,6 +140,9 @@ def _digest(
             raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
         return f"{kind}:{hash_file(location)}"
     tree = tree_of(location, excludes, keep_name)
+    _trees[tree.digest] = tree
+    while len(_trees) > 16:
+        _trees.pop(next(iter(_trees)))
     if tree.size > limit:
         largest = ", ".join(f"{e.rel} ({_mb(e.size)})" for e in tree.largest())
         raise SpecError(
@@ -180,9 +187,11 @@ async def create(
             await build.to_thread(shutil.rmtree, holder, True)
     if kind in ("zip", "whl"):
         return await _unpack_archive(Path(location), build, flatten=flatten)
-    tree = await build.to_thread(tree_of, location, build.spec.excludes, keep_name)
-    if f"tree:{tree.digest}" != expected:
-        raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
+    tree = _trees.get(expected.removeprefix("tree:"))
+    if tree is None:  # hashed in another process (or long ago): hash again, and compare
+        tree = await build.to_thread(tree_of, location, build.spec.excludes, keep_name)
+        if f"tree:{tree.digest}" != expected:
+            raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
     stored = await build.to_thread(materialize, tree, build.cache_root, target)
     build.log(
         f"{location}: {len(tree.entries)} files, {_mb(tree.size)};"

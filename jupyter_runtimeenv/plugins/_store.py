@@ -40,16 +40,19 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     Raises ``BuildError`` if a source file no longer has the content it was hashed with
     (it changed after the spec was parsed: parse again).
     """
-    blobs = blob_dir(cache_root)
+    blobs = str(blob_dir(cache_root))
+    root = str(target)
     stored = 0
     made: set[str] = set()
+    # Plain strings and os calls: for a thousand files, pathlib's overhead is the cost.
     for entry in tree.entries:
-        blob = blobs / entry.blob_name[:2] / entry.blob_name
+        name = entry.blob_name
+        blob = os.path.join(blobs, name[:2], name)
         if not _valid(blob, entry):
-            _store(entry, blob)
+            _store(entry, Path(blob))
             stored += entry.size
-        dest = target / entry.rel
-        parent = str(dest.parent)
+        dest = os.path.join(root, entry.rel)
+        parent = os.path.dirname(dest)
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
@@ -62,9 +65,9 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     return stored
 
 
-def _valid(blob: Path, entry: FileEntry) -> bool:
+def _valid(blob: str, entry: FileEntry) -> bool:
     try:
-        st = blob.stat()
+        st = os.stat(blob)
     except FileNotFoundError:
         return False
     return st.st_size == entry.size and st.st_mtime_ns == BLOB_MTIME_NS
