@@ -67,7 +67,8 @@ import os
 from jupyter_runtimeenv.client import get_client
 client = get_client()
 ctx = client.acquire_sync({"env_vars": {"FROM_KERNEL": "yes"}}, "mine")
-print(type(client).__name__, os.environ["JUPYTER_RUNTIMEENV_URL"], ctx.env_vars["FROM_KERNEL"], ctx.env_id)
+url = os.environ["JUPYTER_RUNTIMEENV_URL"]
+print(type(client).__name__, url, ctx.env_vars["FROM_KERNEL"], ctx.env_id)
 """
 
 
@@ -123,8 +124,8 @@ async def test_a_kernelspec_with_the_provisioner_starts_in_its_env(
     code = (
         "import os, sys, alpha, helper_mod\n"
         "print(alpha.__version__, os.environ['RTE_FLAG'], helper_mod.WHERE == 'driver path',"
-        " sys.path.index(%r) < sys.path.index(os.path.dirname(os.__file__)), sys.executable)"
-        % str(code_dir)
+        f" sys.path.index({str(code_dir)!r}) < sys.path.index(os.path.dirname(os.__file__)),"
+        " sys.executable)"
     )
     version, flag, imported, first, python = (await run(jp_serverapp, kernel_id, code)).split()
     assert (version, flag, imported, first) == ("2.0", "on", "True", "True")

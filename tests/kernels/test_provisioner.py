@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +76,10 @@ async def test_an_interpreter_without_ipykernel_is_refused_with_the_remedy(
     embedded: EmbeddedClient, tmp_path: Path
 ) -> None:
     bare = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    made = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "venv", "--without-pip", str(bare)
+    )
+    assert await made.wait() == 0
     python = str(bare / "bin" / "python")
     install_kernelspec("bare-rte", {"py_executable": python}, prefix=str(tmp_path))
     km = manager_for(tmp_path, "bare-rte")

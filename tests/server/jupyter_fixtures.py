@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 API = ("jupyter-runtimeenv", "api")
