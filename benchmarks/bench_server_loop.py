@@ -57,7 +57,7 @@ def start_server(tmp: Path, wheelhouse: Path, port: int, token: str) -> subproce
         sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
         "--ip=127.0.0.1", "--allow-root", f"--ServerApp.base_url={BASE_URL}",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp}",
-        "--ServerApp.jpserver_extensions={'jupyter_runtimeenv.server': True}",
+        "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
         f"--RuntimeEnvExtension.cache_dir={tmp / 'cache'}",
     ]  # fmt: skip
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 (closed with the process)

@@ -26,11 +26,23 @@ if TYPE_CHECKING:
         PluginNotFound,
         RemoteTaskError,
         RuntimeEnvError,
+        SerializationError,
         SpecError,
         WorkerError,
     )
     from .plugins import BuildContext, RuntimeEnvPlugin
     from .spec import RuntimeEnvConfig, RuntimeEnvSpec, merge, parse
+    from .workers import (
+        Executor,
+        LocalExecutor,
+        RemoteFunction,
+        RemoteFuture,
+        get,
+        init,
+        remote,
+        shutdown,
+        wait,
+    )
 
 _EXPORTS = {
     "AgentClient": "client",
@@ -43,6 +55,16 @@ _EXPORTS = {
     "EnvContext": "context",
     "EnvInUse": "errors",
     "EnvNotFound": "errors",
+    "Executor": "workers",
+    "LocalExecutor": "workers",
+    "RemoteFunction": "workers",
+    "RemoteFuture": "workers",
+    "SerializationError": "errors",
+    "get": "workers",
+    "init": "workers",
+    "remote": "workers",
+    "shutdown": "workers",
+    "wait": "workers",
     "PluginNotFound": "errors",
     "RemoteTaskError": "errors",
     "RuntimeEnvAgent": "agent",
@@ -70,22 +92,40 @@ __all__ = [
     "EnvContext",
     "EnvInUse",
     "EnvNotFound",
+    "Executor",
+    "LocalExecutor",
     "PluginNotFound",
+    "RemoteFunction",
+    "RemoteFuture",
     "RemoteTaskError",
     "RuntimeEnvAgent",
     "RuntimeEnvConfig",
     "RuntimeEnvError",
     "RuntimeEnvPlugin",
     "RuntimeEnvSpec",
+    "SerializationError",
     "SpecError",
     "WorkerError",
     "__version__",
     "compose",
+    "get",
     "get_client",
+    "init",
     "merge",
     "parse",
     "process_env",
+    "remote",
+    "shutdown",
+    "wait",
 ]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """Lets ``jupyter server --ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}``
+    find the extension by the package's own name."""
+    from .server import _jupyter_server_extension_points as points
+
+    return points()
 
 
 def __getattr__(name: str) -> Any:

@@ -202,8 +202,10 @@ class RemoteTaskError(RuntimeEnvError):
         if cause is not None and isinstance(cause, Exception):
             cause_type = type(cause)
             try:
-                dual = type(f"RemoteTaskError[{cause_type.__name__}]", (cls, cause_type), {})
-                error: RemoteTaskError = dual.__new__(dual)
+                dual: type[RemoteTaskError] = type(
+                    f"RemoteTaskError[{cause_type.__name__}]", (cls, cause_type), {}
+                )
+                error = dual.__new__(dual)
                 RemoteTaskError.__init__(error, function, remote_traceback, cause)
                 return error
             except TypeError:  # incompatible layouts (e.g. some C exceptions)

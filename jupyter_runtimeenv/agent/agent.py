@@ -63,7 +63,7 @@ class RuntimeEnvAgent:
         self._cache: Cache | None = None
         self._builds: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, asyncio.Future[None]] = {}
-        self._resources: dict[str, asyncio.Task[Path]] = {}
+        self._resources: dict[str, asyncio.Task[tuple[Path, bool]]] = {}
         self._resource_waiters: dict[str, int] = {}
         self._logs: dict[str, EnvLog] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -110,7 +110,9 @@ class RuntimeEnvAgent:
         """Parse with this agent's plugins. Blocking (may hash files): use a thread on a loop."""
         return parse(data, registry=self.registry)
 
-    async def ensure(self, spec: RuntimeEnvSpec, holder: str, *, retry: bool = False) -> dict[str, Any]:
+    async def ensure(
+        self, spec: RuntimeEnvSpec, holder: str, *, retry: bool = False
+    ) -> dict[str, Any]:
         """Take a reference for ``holder`` and start building if needed; return the status
         now (``wait`` for the result)."""
         cache = self.cache
@@ -126,11 +128,15 @@ class RuntimeEnvAgent:
         )
         for transition in transitions:
             self._publish_state(transition)
+        if must_build:
+            # Registered before any await, so concurrent requests find the build to wait on.
+            self._logs[env_id] = self._new_log(env_id)
+            self._done[env_id] = asyncio.get_running_loop().create_future()
+            self._builds[env_id] = asyncio.create_task(
+                self._build(spec), name=f"build {env_id[:12]}"
+            )
         if record.state is not EnvState.FAILED:
             await asyncio.to_thread(cache.add_ref, env_id, holder)
-        if must_build:
-            self._done[env_id] = asyncio.get_running_loop().create_future()
-            self._builds[env_id] = asyncio.create_task(self._build(spec), name=f"build {env_id[:12]}")
         return record.to_json()
 
     async def wait(self, env_id: str) -> EnvContext:
@@ -173,11 +179,12 @@ class RuntimeEnvAgent:
         """
         holders = await asyncio.to_thread(self.cache.holders, env_id)
         record = self._machine.get(env_id)
-        if record is None and not await asyncio.to_thread(self.cache.env_uris, env_id) and not holders:
-            if await asyncio.to_thread(self.cache.find_env, env_id) is None:
-                raise EnvNotFound(env_id)
+        if record is None and not holders and not await self._known(env_id):
+            raise EnvNotFound(env_id)
         if holders and not force:
-            raise EnvInUse(f"environment {env_id} is held by {', '.join(holders)}; use force to remove it")
+            raise EnvInUse(
+                f"environment {env_id} is held by {', '.join(holders)}; use force to remove it"
+            )
         if env_id in self._builds:
             self._builds[env_id].cancel()
             with contextlib.suppress(BaseException):
@@ -188,7 +195,9 @@ class RuntimeEnvAgent:
         for uri in orphaned:
             if await self._evict(uri):
                 removed.append(uri)
-        self._publish_state(Transition(env_id, record.state if record else None, EnvState.PENDING), removed=True)
+        self._publish_state(
+            Transition(env_id, record.state if record else None, EnvState.PENDING), removed=True
+        )
         return removed
 
     # -- observation -------------------------------------------------------------------------
@@ -198,9 +207,16 @@ class RuntimeEnvAgent:
         out = {env_id: r.to_json() for env_id, r in self._machine.records.items()}
         for env in await asyncio.to_thread(self.cache.envs):
             if env["env_id"] not in out:
-                out[env["env_id"]] = {**env, "state": EnvState.READY.value, "error": None, "steps": {}}
+                out[env["env_id"]] = {
+                    **env,
+                    "state": EnvState.READY.value,
+                    "error": None,
+                    "steps": {},
+                }
             else:
-                out[env["env_id"]]["holders"] = sorted({*out[env["env_id"]]["holders"], *env["holders"]})
+                out[env["env_id"]]["holders"] = sorted(
+                    {*out[env["env_id"]]["holders"], *env["holders"]}
+                )
         return sorted(out.values(), key=lambda e: e.get("created", 0))
 
     async def env_status(self, env_id: str) -> dict[str, Any]:
@@ -217,7 +233,7 @@ class RuntimeEnvAgent:
         try:
             return await asyncio.to_thread(path.read_text, encoding="utf-8")
         except FileNotFoundError:
-            if self._machine.get(env_id) is not None or await asyncio.to_thread(self.cache.find_env, env_id):
+            if self._machine.get(env_id) is not None or await self._known(env_id):
                 return ""
             raise EnvNotFound(env_id) from None
 
@@ -242,6 +258,15 @@ class RuntimeEnvAgent:
 
     # -- building --------------------------------------------------------------------------
 
+    def _new_log(self, env_id: str) -> EnvLog:
+        return EnvLog(
+            self.cache.log_path(env_id),
+            lambda step, line: self._publish(env_id, "log", step=step, line=line),
+        )
+
+    async def _known(self, env_id: str) -> bool:
+        return await asyncio.to_thread(self.cache.knows_env, env_id)
+
     def _record(self, env_id: str) -> EnvRecord:
         record = self._machine.get(env_id)
         if record is None:
@@ -265,34 +290,45 @@ class RuntimeEnvAgent:
     async def _build(self, spec: RuntimeEnvSpec) -> None:
         env_id = spec.env_id
         cache = self.cache
-        log = EnvLog(cache.log_path(env_id), lambda step, line: self._publish(env_id, "log", step=step, line=line))
-        self._logs[env_id] = log
+        log = self._logs[env_id]
         self._publish_state(self._machine.start(env_id, time.time()))
         deadline = self._deadline(spec)
         try:
             try:
                 context = await asyncio.wait_for(self._build_steps(spec, log), deadline)
             except asyncio.TimeoutError:
-                running = [n for n, s in self._machine.records[env_id].steps.items() if s.get("status") == "running"]
+                running = [
+                    n
+                    for n, s in self._machine.records[env_id].steps.items()
+                    if s.get("status") in ("running", "cancelled")
+                ]
                 raise BuildTimeout(
-                    f"the build did not finish within {deadline:g} s (config.setup_timeout_seconds);"
-                    " every step was cancelled and its processes killed",
+                    f"the build did not finish within {deadline:g} s"
+                    " (config.setup_timeout_seconds); every step was cancelled"
+                    " and its processes killed",
                     env_id=env_id,
                     step=", ".join(running),
                     output_tail=log.lines[-30:],
                     log_path=str(log.path),
                 ) from None
-            await asyncio.to_thread(cache.record_env, env_id, spec.to_json(), context.to_json(), self._uris_of(env_id))
+            await asyncio.to_thread(
+                cache.record_env, env_id, spec.to_json(), context.to_json(), self._uris_of(env_id)
+            )
             self._publish_state(self._machine.succeed(env_id, context.to_json(), time.time()))
         except asyncio.CancelledError:
-            self._fail(env_id, BuildError("the build was cancelled", env_id=env_id, log_path=str(log.path)))
+            self._fail(
+                env_id, BuildError("the build was cancelled", env_id=env_id, log_path=str(log.path))
+            )
             raise
         except BuildError as exc:
             exc.env_id = exc.env_id or env_id
             exc.log_path = exc.log_path or str(log.path)
             self._fail(env_id, exc)
         except Exception as exc:  # a plugin bug must fail this env, not the agent
-            self._fail(env_id, BuildError(f"{type(exc).__name__}: {exc}", env_id=env_id, log_path=str(log.path)))
+            self._fail(
+                env_id,
+                BuildError(f"{type(exc).__name__}: {exc}", env_id=env_id, log_path=str(log.path)),
+            )
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(log.flush())
@@ -308,18 +344,26 @@ class RuntimeEnvAgent:
         return sorted({s["uri"] for s in steps.values() if s.get("uri")})
 
     def _fail(self, env_id: str, error: BuildError) -> None:
-        if env_id in self._machine.records and self._machine.records[env_id].state is EnvState.BUILDING:
-            self._publish_state(self._machine.fail(env_id, error.to_json(), time.time()), error=error.to_json())
+        if (
+            env_id in self._machine.records
+            and self._machine.records[env_id].state is EnvState.BUILDING
+        ):
+            self._publish_state(
+                self._machine.fail(env_id, error.to_json(), time.time()), error=error.to_json()
+            )
 
     async def _build_steps(self, spec: RuntimeEnvSpec, log: EnvLog) -> EnvContext:
         env_id = spec.env_id
         active = self._active(spec)
         uris: dict[str, list[str]] = {}
         for name, plugin, value in active:
-            uris[name] = list(await call_maybe_sync(plugin.uris, value, spec, to_thread=asyncio.to_thread))
+            uris[name] = list(
+                await call_maybe_sync(plugin.uris, value, spec, to_thread=asyncio.to_thread)
+            )
         jobs = [(name, plugin, value, uri) for name, plugin, value in active for uri in uris[name]]
         tasks = [
-            asyncio.create_task(self._need_resource(spec, log, name, plugin, value, uri)) for name, plugin, value, uri in jobs
+            asyncio.create_task(self._need_resource(spec, log, name, plugin, value, uri))
+            for name, plugin, value, uri in jobs
         ]
         try:
             paths = await asyncio.gather(*tasks)
@@ -328,18 +372,30 @@ class RuntimeEnvAgent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        ctx = ContextBuilder(resource_paths={job[3]: str(path) for job, path in zip(jobs, paths)})
+        ctx = ContextBuilder(
+            resource_paths={job[3]: str(path) for job, path in zip(jobs, paths, strict=True)}
+        )
         for name, plugin, value in active:
             try:
-                await call_maybe_sync(plugin.modify_context, uris[name], value, ctx, to_thread=asyncio.to_thread)
+                await call_maybe_sync(
+                    plugin.modify_context, uris[name], value, ctx, to_thread=asyncio.to_thread
+                )
             except BuildError:
                 raise
             except Exception as exc:
-                raise BuildError(f"modify_context failed: {type(exc).__name__}: {exc}", env_id=env_id, step=name) from exc
+                raise BuildError(
+                    f"modify_context failed: {type(exc).__name__}: {exc}", env_id=env_id, step=name
+                ) from exc
         return ctx.freeze(env_id)
 
     async def _need_resource(
-        self, spec: RuntimeEnvSpec, log: EnvLog, name: str, plugin: RuntimeEnvPlugin, value: Any, uri: str
+        self,
+        spec: RuntimeEnvSpec,
+        log: EnvLog,
+        name: str,
+        plugin: RuntimeEnvPlugin,
+        value: Any,
+        uri: str,
     ) -> Path:
         """The resource ``uri``, created once however many builds need it at the same time."""
         env_id = spec.env_id
@@ -348,12 +404,14 @@ class RuntimeEnvAgent:
         self._step(env_id, step, status="running", uri=uri, started=started)
         task = self._resources.get(uri)
         if task is None:
-            task = asyncio.create_task(self._create_resource(spec, log, name, step, plugin, value, uri))
+            task = asyncio.create_task(
+                self._create_resource(spec, log, name, step, plugin, value, uri)
+            )
             self._resources[uri] = task
             task.add_done_callback(lambda _t: self._resources.pop(uri, None))
         self._resource_waiters[uri] = self._resource_waiters.get(uri, 0) + 1
         try:
-            path = await asyncio.shield(task)
+            path, cached = await asyncio.shield(task)
         except asyncio.CancelledError:
             if task.done() or self._resource_waiters[uri] > 1:
                 raise
@@ -368,43 +426,62 @@ class RuntimeEnvAgent:
             self._resource_waiters[uri] -= 1
             if not self._resource_waiters[uri]:
                 del self._resource_waiters[uri]
-            if self._machine.get(env_id) and self._machine.records[env_id].steps.get(step, {}).get("status") == "running":
+            if (
+                self._machine.get(env_id)
+                and self._machine.records[env_id].steps.get(step, {}).get("status") == "running"
+            ):
                 self._step(env_id, step, status="cancelled", ended=time.time())
-        info = getattr(task, "_jre_cached", False)
-        self._step(env_id, step, status="cached" if info else "done", ended=time.time())
+        self._step(env_id, step, status="cached" if cached else "done", ended=time.time())
         return path
 
     async def _create_resource(
-        self, spec: RuntimeEnvSpec, log: EnvLog, name: str, step: str, plugin: RuntimeEnvPlugin, value: Any, uri: str
-    ) -> Path:
+        self,
+        spec: RuntimeEnvSpec,
+        log: EnvLog,
+        name: str,
+        step: str,
+        plugin: RuntimeEnvPlugin,
+        value: Any,
+        uri: str,
+    ) -> tuple[Path, bool]:
+        """Create ``uri`` unless the cache (of any process) has it; (path, was cached)."""
         cache = self.cache
-        current = asyncio.current_task()
         found = await asyncio.to_thread(cache.lookup, uri)
         if found is not None:
-            setattr(current, "_jre_cached", True)
-            return found
+            return found, True
         lock = cache.lock_for(uri)
         await _acquire(lock)
         try:
             found = await asyncio.to_thread(cache.lookup, uri)  # built by another process meanwhile
             if found is not None:
-                setattr(current, "_jre_cached", True)
-                return found
+                return found, True
             tmp = await asyncio.to_thread(cache.new_tmp)
             build = ResourceBuild(
-                env_id=spec.env_id, spec=spec, uri=uri, step=name, target=tmp, cache_root=cache.root,
-                log=log, limiter=self.limiter, resource_path=lambda u: cache.resource_path(name, u),
+                env_id=spec.env_id,
+                spec=spec,
+                uri=uri,
+                step=name,
+                target=tmp,
+                cache_root=cache.root,
+                log=log,
+                limiter=self.limiter,
+                resource_path=lambda u: cache.resource_path(name, u),
             )
             try:
-                size = await call_maybe_sync(plugin.create, uri, value, build, to_thread=asyncio.to_thread)
-                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0))
+                size = await call_maybe_sync(
+                    plugin.create, uri, value, build, to_thread=asyncio.to_thread
+                )
+                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0)), False
             except BuildError as exc:
                 exc.step = exc.step or name
                 exc.output_tail = exc.output_tail or list(build.tail)
                 raise
             except Exception as exc:
                 raise BuildError(
-                    f"{type(exc).__name__}: {exc}", env_id=spec.env_id, step=name, output_tail=list(build.tail)
+                    f"{type(exc).__name__}: {exc}",
+                    env_id=spec.env_id,
+                    step=name,
+                    output_tail=list(build.tail),
                 ) from exc
             finally:
                 # Whatever happened, nothing half-built stays (commit renamed tmp away on success).
@@ -412,7 +489,9 @@ class RuntimeEnvAgent:
         finally:
             await asyncio.shield(asyncio.to_thread(lock.release))
 
-    async def _evict(self, uri: str, plugin_name: str | None = None, path: Path | None = None) -> bool:
+    async def _evict(
+        self, uri: str, plugin_name: str | None = None, path: Path | None = None
+    ) -> bool:
         cache = self.cache
         lock = cache.lock_for(uri)
         try:
@@ -421,7 +500,9 @@ class RuntimeEnvAgent:
             return False  # another process is building or evicting it
         try:
             if path is None:
-                row = next((r for r in await asyncio.to_thread(cache.resources) if r["uri"] == uri), None)
+                row = next(
+                    (r for r in await asyncio.to_thread(cache.resources) if r["uri"] == uri), None
+                )
                 if row is None:
                     return False
                 plugin_name, path = row["plugin"], Path(row["path"])

@@ -124,7 +124,9 @@ class ResourceBuild:
             )
         except OSError as exc:
             raise BuildError(
-                f"cannot start {argv[0]!r}: {exc.strerror or exc}", env_id=self.env_id, step=self.step
+                f"cannot start {argv[0]!r}: {exc.strerror or exc}",
+                env_id=self.env_id,
+                step=self.step,
             ) from exc
         try:
             assert proc.stdout is not None

@@ -196,7 +196,9 @@ class Cache:
     def touch(self, uris: Iterable[str]) -> None:
         now = time.time()
         with self._tx() as db:
-            db.executemany("UPDATE resources SET last_used = ? WHERE uri = ?", [(now, u) for u in uris])
+            db.executemany(
+                "UPDATE resources SET last_used = ? WHERE uri = ?", [(now, u) for u in uris]
+            )
 
     def total_bytes(self) -> int:
         with self._lock:
@@ -206,12 +208,20 @@ class Cache:
     def resources(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT uri, plugin, path, size, created, last_used FROM resources ORDER BY last_used"
+                "SELECT uri, plugin, path, size, created, last_used FROM resources"
+                " ORDER BY last_used"
             ).fetchall()
         referenced = self._referenced_uris()
         return [
-            {"uri": r[0], "plugin": r[1], "path": r[2], "size": r[3], "created": r[4],
-             "last_used": r[5], "referenced": r[0] in referenced}
+            {
+                "uri": r[0],
+                "plugin": r[1],
+                "path": r[2],
+                "size": r[3],
+                "created": r[4],
+                "last_used": r[5],
+                "referenced": r[0] in referenced,
+            }
             for r in rows
         ]
 
@@ -259,7 +269,9 @@ class Cache:
 
     # -- environments -------------------------------------------------------------------
 
-    def record_env(self, env_id: str, spec: dict[str, Any], context: dict[str, Any], uris: list[str]) -> None:
+    def record_env(
+        self, env_id: str, spec: dict[str, Any], context: dict[str, Any], uris: list[str]
+    ) -> None:
         now = time.time()
         with self._tx() as db:
             db.execute(
@@ -272,35 +284,63 @@ class Cache:
     def find_env(self, env_id: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """(spec, context) of a recorded env whose resources are all present, else None."""
         with self._lock:
-            row = self._db.execute("SELECT spec, context FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT spec, context FROM envs WHERE env_id = ?", (env_id,)
+            ).fetchone()
             if row is None:
                 return None
-            uris = [r[0] for r in self._db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+            uris = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT uri FROM env_resources WHERE env_id = ?", (env_id,)
+                )
+            ]
         if any(self.lookup(u) is None for u in uris):
             return None
         return json.loads(row[0]), json.loads(row[1])
 
+    def knows_env(self, env_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+        return row is not None
+
     def env_uris(self, env_id: str) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+            return [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT uri FROM env_resources WHERE env_id = ?", (env_id,)
+                )
+            ]
 
     def envs(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute("SELECT env_id, spec, context, created, last_used FROM envs").fetchall()
+            rows = self._db.execute(
+                "SELECT env_id, spec, context, created, last_used FROM envs"
+            ).fetchall()
             refs = self._db.execute("SELECT env_id, holder FROM refs").fetchall()
         holders: dict[str, list[str]] = {}
         for env_id, holder in refs:
             holders.setdefault(env_id, []).append(holder)
         return [
-            {"env_id": r[0], "spec": json.loads(r[1]), "context": json.loads(r[2]), "created": r[3],
-             "last_used": r[4], "holders": sorted(holders.get(r[0], []))}
+            {
+                "env_id": r[0],
+                "spec": json.loads(r[1]),
+                "context": json.loads(r[2]),
+                "created": r[3],
+                "last_used": r[4],
+                "holders": sorted(holders.get(r[0], [])),
+            }
             for r in rows
         ]
 
     def forget_env(self, env_id: str) -> list[str]:
         """Drop an env and its references; returns the URIs no other env uses."""
         with self._tx() as db:
-            uris = [r[0] for r in db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))]
+            uris = [
+                r[0]
+                for r in db.execute("SELECT uri FROM env_resources WHERE env_id = ?", (env_id,))
+            ]
             db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
             db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
@@ -313,7 +353,8 @@ class Cache:
         now = time.time()
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (env_id, holder, os.getpid(), now)
+                "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
+                (env_id, holder, os.getpid(), now),
             )
             db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
             db.execute(
@@ -328,7 +369,10 @@ class Cache:
 
     def holders(self, env_id: str) -> list[str]:
         with self._lock:
-            return sorted(r[0] for r in self._db.execute("SELECT holder FROM refs WHERE env_id = ?", (env_id,)))
+            return sorted(
+                r[0]
+                for r in self._db.execute("SELECT holder FROM refs WHERE env_id = ?", (env_id,))
+            )
 
     def drop_refs_of_pid(self, pid: int) -> None:
         with self._tx() as db:

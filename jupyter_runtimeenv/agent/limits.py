@@ -16,7 +16,10 @@ class Limiter:
             raise ValueError("limits must be at least 1")
         self.installs = installs
         self.downloads = downloads
-        self._sems = {"install": asyncio.Semaphore(installs), "download": asyncio.Semaphore(downloads)}
+        self._sems = {
+            "install": asyncio.Semaphore(installs),
+            "download": asyncio.Semaphore(downloads),
+        }
 
     @asynccontextmanager
     async def limit(self, kind: Kind) -> AsyncIterator[None]:

@@ -107,7 +107,9 @@ class EnvStateMachine:
         record.holders.add(holder)
         return record, must_build, transitions
 
-    def adopt(self, env_id: str, spec: dict[str, Any], context: dict[str, Any], now: float) -> EnvRecord:
+    def adopt(
+        self, env_id: str, spec: dict[str, Any], context: dict[str, Any], now: float
+    ) -> EnvRecord:
         """An env found complete in the persistent cache becomes READY without a build."""
         record = EnvRecord(env_id, spec, EnvState.READY, context=context, created=now, updated=now)
         self.records[env_id] = record

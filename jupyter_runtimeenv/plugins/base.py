@@ -131,5 +131,3 @@ async def call_maybe_sync(
     if inspect.iscoroutinefunction(func):
         return await func(*args)
     return await to_thread(func, *args)
-
-

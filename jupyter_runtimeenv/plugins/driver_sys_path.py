@@ -14,6 +14,7 @@ from typing import Any
 
 from ..context import ContextBuilder
 from ..errors import SpecError
+from ..spec.paths import resolve_path
 from .base import RuntimeEnvPlugin
 
 
@@ -26,13 +27,15 @@ class DriverSysPathPlugin(RuntimeEnvPlugin):
         if isinstance(value, bool):
             return value
         if not isinstance(value, list):
-            raise SpecError("", f"expected true, false or a list of paths, got {type(value).__name__}")
+            raise SpecError(
+                "", f"expected true, false or a list of paths, got {type(value).__name__}"
+            )
         paths: list[str] = []
         for i, item in enumerate(value):
             if not isinstance(item, str):
                 raise SpecError(str(i), f"expected a path string, got {type(item).__name__}")
             # "" on sys.path means the cwd at start; keep the driver's meaning explicit.
-            path = os.path.abspath(item) if item else os.getcwd()
+            path = resolve_path(item) if item else os.getcwd()
             if path not in paths:
                 paths.append(path)
         return paths

@@ -23,7 +23,7 @@ class EnvVarsPlugin(RuntimeEnvPlugin):
             raise SpecError("", f"expected a mapping of names to strings, got {_kind(value)}")
         for key, item in value.items():
             if not isinstance(key, str) or not _NAME.match(key):
-                raise SpecError(str(key), "expected a variable name like MY_VAR")
+                raise SpecError(str(key) or "''", "expected a variable name like MY_VAR")
             if not isinstance(item, str):
                 raise SpecError(key, f"expected a string, got {_kind(item)}")
             if "\0" in item:

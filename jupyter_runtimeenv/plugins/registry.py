@@ -34,7 +34,9 @@ def load_plugin(path: str, *, field: str = "plugins") -> RuntimeEnvPlugin:
     try:
         obj = getattr(module, attr)
     except AttributeError as exc:
-        raise PluginNotFound(field, f"cannot import plugin {path!r}: {module_name} has no {attr!r}") from exc
+        raise PluginNotFound(
+            field, f"cannot import plugin {path!r}: {module_name} has no {attr!r}"
+        ) from exc
     plugin = obj() if isinstance(obj, type) else obj
     if not isinstance(plugin, RuntimeEnvPlugin):
         raise PluginNotFound(

@@ -14,10 +14,9 @@ import yaml
 from ..errors import SpecError
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
-from .paths import base_dir, resolve_path
+from .paths import base_dir
 
 __all__ = ["load_spec_file", "merge", "parse"]
-
 
 
 def parse(
@@ -42,7 +41,9 @@ def parse(
         with base_dir(str(path.resolve().parent)):
             return _parse_mapping(load_spec_file(path), registry or default_registry())
     if not isinstance(data, Mapping):
-        raise SpecError("", f"expected a mapping of fields or a file path, got {type(data).__name__}")
+        raise SpecError(
+            "", f"expected a mapping of fields or a file path, got {type(data).__name__}"
+        )
     return _parse_mapping(data, registry or default_registry())
 
 
@@ -55,11 +56,15 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     try:
         loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise SpecError("", f"{str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+        raise SpecError(
+            "", f"{str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from exc
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise SpecError("", f"{str(path)!r} must hold a mapping of fields, not {type(loaded).__name__}")
+        raise SpecError(
+            "", f"{str(path)!r} must hold a mapping of fields, not {type(loaded).__name__}"
+        )
     return loaded
 
 
@@ -102,7 +107,10 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
     plugins: dict[str, Any] = {}
     raw_plugins = data.get("plugins") or {}
     if not isinstance(raw_plugins, Mapping):
-        raise SpecError("plugins", f"expected a mapping of import paths to config, got {type(raw_plugins).__name__}")
+        raise SpecError(
+            "plugins",
+            f"expected a mapping of import paths to config, got {type(raw_plugins).__name__}",
+        )
     for path, plugin_config in raw_plugins.items():
         plugin = registry.by_path(str(path))
         try:
@@ -152,22 +160,32 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
         raise SpecError("config", f"expected a mapping, got {type(value).__name__}")
     for key in value:
         if key not in _CONFIG_KEYS:
-            raise SpecError(f"config.{key}", f"unknown config key; known keys are {', '.join(_CONFIG_KEYS)}")
+            raise SpecError(
+                f"config.{key}", f"unknown config key; known keys are {', '.join(_CONFIG_KEYS)}"
+            )
     timeout: float | None = 600.0
     if "setup_timeout_seconds" in value:
         raw = value["setup_timeout_seconds"]
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            raise SpecError("config.setup_timeout_seconds", f"expected a number of seconds, got {type(raw).__name__}")
+        if raw is not None and (isinstance(raw, bool) or not isinstance(raw, (int, float))):
+            raise SpecError(
+                "config.setup_timeout_seconds",
+                f"expected a number of seconds, got {type(raw).__name__}",
+            )
         if raw == -1 or raw is None:
             timeout = None
         elif raw <= 0:
-            raise SpecError("config.setup_timeout_seconds", f"expected a positive number or -1 for no deadline, got {raw}")
+            raise SpecError(
+                "config.setup_timeout_seconds",
+                f"expected a positive number or -1 for no deadline, got {raw}",
+            )
         else:
             timeout = float(raw)
     flags = {}
     for key in ("eager_install", "isolated"):
         if key in value and not isinstance(value[key], bool):
-            raise SpecError(f"config.{key}", f"expected true or false, got {type(value[key]).__name__}")
+            raise SpecError(
+                f"config.{key}", f"expected true or false, got {type(value[key]).__name__}"
+            )
         flags[key] = bool(value.get(key, key == "eager_install"))
     installer = value.get("installer", "uv")
     if installer not in ("uv", "pip"):
@@ -182,7 +200,9 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
 
 def _parse_excludes(value: Any) -> list[str]:
     if not isinstance(value, list):
-        raise SpecError("excludes", f"expected a list of gitignore-style patterns, got {type(value).__name__}")
+        raise SpecError(
+            "excludes", f"expected a list of gitignore-style patterns, got {type(value).__name__}"
+        )
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item:
             raise SpecError(f"excludes.{i}", f"expected a non-empty pattern string, got {item!r}")
@@ -204,7 +224,11 @@ def merge(
     for key, value in right.items():
         if value is None:
             merged.pop(key, None)
-        elif key in ("env_vars", "config", "plugins") and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+        elif (
+            key in ("env_vars", "config", "plugins")
+            and isinstance(value, Mapping)
+            and isinstance(merged.get(key), Mapping)
+        ):
             merged[key] = {**merged[key], **value}
         else:
             merged[key] = value
@@ -216,7 +240,9 @@ def merge(
     return parse(merged, registry=registry)
 
 
-def _as_dict(spec: RuntimeEnvSpec | Mapping[str, Any] | None, registry: PluginRegistry) -> dict[str, Any]:
+def _as_dict(
+    spec: RuntimeEnvSpec | Mapping[str, Any] | None, registry: PluginRegistry
+) -> dict[str, Any]:
     if spec is None:
         return {}
     data = spec.to_json() if isinstance(spec, RuntimeEnvSpec) else dict(spec)

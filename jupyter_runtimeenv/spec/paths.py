@@ -7,7 +7,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_base_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar("spec_base_dir", default=None)
+_base_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "spec_base_dir", default=None
+)
 
 
 def resolve_path(path: str) -> str:

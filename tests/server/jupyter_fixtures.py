@@ -46,7 +46,7 @@ def jp_server_config(tmp_path: Path, extension_config: dict[str, Any]) -> dict[s
         "ServerApp": {
             # jupyter_server_terminals trips the server's auth warning (an error here).
             "jpserver_extensions": {
-                "jupyter_runtimeenv.server": True,
+                "jupyter_runtimeenv": True,
                 "jupyter_server_terminals": False,
             },
             "allow_unauthenticated_access": False,

@@ -1,0 +1,217 @@
+"""``jupyter runtimeenv`` (also ``python -m jupyter_runtimeenv``): build, list, inspect, clean.
+
+The CLI runs its own agent on the shared cache (``--cache-dir``, else
+``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's cache dir); two agents sharing a cache
+(this one and a Jupyter server's) never corrupt it. Bad input exits non-zero with one line
+that names the field; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .agent import RuntimeEnvAgent
+from .errors import BuildError, RuntimeEnvError, SpecError
+
+CLI_HOLDER = "cli"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jupyter runtimeenv", description="Build and manage runtime environments."
+    )
+    parser.add_argument("--cache-dir", help="the cache root (default: $JUPYTER_RUNTIMEENV_CACHE)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    build = sub.add_parser("build", help="build an environment from a YAML or JSON spec")
+    build.add_argument("spec", help="a spec file (YAML or JSON), or inline JSON")
+    build.add_argument("--json", action="store_true", help="print one JSON object")
+    build.add_argument("--retry", action="store_true", help="rebuild after a recent failure")
+    build.add_argument("--quiet", "-q", action="store_true", help="do not stream build output")
+
+    listing = sub.add_parser("list", help="list the environments in the cache")
+    listing.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", help="print an environment's build log")
+    logs.add_argument("env_id")
+
+    gc = sub.add_parser("gc", help="evict unreferenced resources, least recently used first")
+    gc.add_argument("--max-bytes", type=_size, default=None, help="target size, e.g. 5G")
+
+    rm = sub.add_parser("rm", help="remove an environment and the resources only it uses")
+    rm.add_argument("env_id")
+    rm.add_argument("--force", action="store_true", help="even if others hold it")
+
+    kernelspec = sub.add_parser("kernelspec", help="kernelspecs that start in an environment")
+    ks_sub = kernelspec.add_subparsers(dest="kernelspec_command", required=True)
+    install = ks_sub.add_parser("install", help="write a kernelspec using the provisioner")
+    install.add_argument("name")
+    install.add_argument("spec", help="a spec file (YAML or JSON), or inline JSON")
+    install.add_argument("--display-name", default=None)
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", default=True)
+    where.add_argument("--prefix", default=None)
+    return parser
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1] if text and text[-1] in units else ""
+    number = text[: -1 or None] if unit else text
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 500M or 5G, got {text!r}") from None
+
+
+def _spec_input(text: str) -> Any:
+    """A path to a spec file, or inline JSON (starts with ``{``)."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise SpecError("", f"inline spec is not valid JSON: {exc}") from None
+    if not os.path.exists(text):
+        raise SpecError("", f"no spec file {text!r}")
+    return text
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    async with RuntimeEnvAgent(args.cache_dir) as agent:
+        if args.command == "build":
+            return await _build(agent, args)
+        if args.command == "list":
+            envs = await agent.status()
+            if args.json:
+                print(json.dumps(envs, indent=2))
+            elif not envs:
+                print("no environments in", agent.cache.root)
+            for env in [] if args.json else envs:
+                fields = ", ".join(k for k in env["spec"] if k != "config") or "(empty)"
+                holders = ", ".join(env["holders"]) or "-"
+                print(f"{env['env_id'][:12]}  {env['state']:<8}  {fields}  held by: {holders}")
+            return 0
+        if args.command == "logs":
+            sys.stdout.write(await agent.log(await _resolve_id(agent, args.env_id)))
+            return 0
+        if args.command == "gc":
+            evicted = await agent.gc(args.max_bytes)
+            for item in evicted:
+                print(f"evicted {item['uri']} ({_human(item['size'])})")
+            total = await asyncio.to_thread(agent.cache.total_bytes)
+            print(f"{len(evicted)} evicted; cache now {_human(total)}")
+            return 0
+        if args.command == "rm":
+            env_id = await _resolve_id(agent, args.env_id)
+            removed = await agent.remove(env_id, force=args.force)
+            print(f"removed {env_id} and {len(removed)} resource(s) only it used")
+            return 0
+    raise AssertionError(args.command)
+
+
+async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
+    spec = await asyncio.to_thread(agent.parse, _spec_input(args.spec))
+    if not args.json and not args.quiet:
+
+        def show(event: Any) -> None:
+            if event.env_id != spec.env_id:
+                return
+            if event.kind == "log":
+                print(f"  [{event.data['step']}] {event.data['line']}", file=sys.stderr)
+            elif event.kind == "step" and event.data.get("status") != "running":
+                print(f"  step {event.data['step']}: {event.data['status']}", file=sys.stderr)
+
+        agent.add_listener(show)
+    started = time.perf_counter()
+    try:
+        await agent.ensure(spec, CLI_HOLDER, retry=args.retry)
+        context = await agent.wait(spec.env_id)
+    finally:
+        # The CLI's reference lasts as long as the command: built envs stay cached, unheld.
+        await agent.release(spec.env_id, CLI_HOLDER)
+    elapsed = time.perf_counter() - started
+    if args.json:
+        out = {
+            "env_id": spec.env_id,
+            "state": "READY",
+            "context": context.to_json(),
+            "spec": spec.to_json(),
+            "seconds": round(elapsed, 3),
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"env_id:  {spec.env_id}")
+    print(f"state:   READY ({elapsed:.2f} s)")
+    print(f"python:  {context.python}")
+    if context.command_prefix:
+        print(f"prefix:  {' '.join(context.command_prefix)}")
+    if context.cwd:
+        print(f"cwd:     {context.cwd}")
+    for key, value in context.env_vars.items():
+        print(f"env:     {key}={value}")
+    for path in context.sys_path:
+        print(f"path:    {path}")
+    return 0
+
+
+async def _resolve_id(agent: RuntimeEnvAgent, prefix: str) -> str:
+    """Accept an unambiguous prefix of an env id, as ``docker`` and ``git`` do."""
+    ids: list[str] = [e["env_id"] for e in await agent.status() if e["env_id"].startswith(prefix)]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise RuntimeEnvError(f"no environment {prefix!r}")
+    raise RuntimeEnvError(f"{prefix!r} is ambiguous: {', '.join(i[:12] for i in ids)}")
+
+
+def _install_kernelspec(args: argparse.Namespace) -> int:
+    from .kernels import install_kernelspec
+
+    path = install_kernelspec(
+        args.name,
+        _spec_input(args.spec),
+        display_name=args.display_name,
+        user=args.prefix is None,
+        prefix=args.prefix,
+    )
+    print(f"installed kernelspec {args.name} in {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "kernelspec":
+            return _install_kernelspec(args)
+        return asyncio.run(_run(args))
+    except SpecError as exc:
+        print(f"error: invalid spec: {exc}", file=sys.stderr)
+        return 2
+    except BuildError as exc:
+        print(f"error: build failed: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

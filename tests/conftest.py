@@ -1,0 +1,50 @@
+"""Fixtures shared by every test part.
+
+The whole run uses a cache root of its own (``JUPYTER_RUNTIMEENV_CACHE``) so that tests
+never touch the user's cache; tests that need isolation take ``cache_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_runtimeenv.agent import RuntimeEnvAgent
+
+_SESSION_CACHE = tempfile.mkdtemp(prefix="jre-test-cache-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["JUPYTER_RUNTIMEENV_CACHE"] = _SESSION_CACHE
+    # Kernels and servers started by tests must not find a developer's running server.
+    os.environ.pop("JUPYTER_RUNTIMEENV_URL", None)
+    os.environ.pop("JUPYTER_RUNTIMEENV_TOKEN", None)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "cache"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def make_agent(cache_dir: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Start agents on ``cache_dir`` (by default); every one is stopped after the test."""
+    agents: list[RuntimeEnvAgent] = []
+
+    async def make(**kwargs: Any) -> RuntimeEnvAgent:
+        kwargs.setdefault("cache_dir", cache_dir)
+        agent = RuntimeEnvAgent(**kwargs)
+        await agent.start()
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        await agent.stop()
