@@ -1,0 +1,115 @@
+"""``jupyter runtimeenv`` / ``python -m jupyter_runtimeenv``, run as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(
+    cache: Path, *args: str, cwd: Path | None = None, jupyter: bool = False
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(cache)}
+    if jupyter:
+        argv = [str(Path(sys.executable).with_name("jupyter")), "runtimeenv", *args]
+    else:
+        argv = [sys.executable, "-m", "jupyter_runtimeenv", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "helper.py").write_text("VALUE = 42\n")
+    (tmp_path / "env.yaml").write_text(
+        "working_dir: code\nenv_vars:\n  MODE: fast\ndriver_sys_path: false\n"
+    )
+    return tmp_path
+
+
+def test_build_json(project: Path, cache_dir: Path) -> None:
+    result = run(cache_dir, "build", str(project / "env.yaml"), "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["state"] == "READY"
+    assert len(out["env_id"]) == 64
+    ctx = out["context"]
+    assert ctx["env_vars"] == {"MODE": "fast"}
+    assert Path(ctx["cwd"], "helper.py").read_text() == "VALUE = 42\n"
+    assert ctx["cwd"].startswith(str(cache_dir))
+
+
+def test_build_human_then_list_logs_rm_gc(project: Path, cache_dir: Path) -> None:
+    built = run(cache_dir, "build", "env.yaml", cwd=project)
+    assert built.returncode == 0, built.stderr
+    assert "state:   READY" in built.stdout
+    assert "env:     MODE=fast" in built.stdout
+    assert "step working_dir" in built.stderr  # live progress goes to stderr
+    env_id = built.stdout.split()[1]
+
+    listed = run(cache_dir, "list")
+    assert f"{env_id[:12]}  READY" in listed.stdout
+    assert "working_dir" in listed.stdout
+    listed_json = json.loads(run(cache_dir, "list", "--json").stdout)
+    assert [e["env_id"] for e in listed_json] == [env_id]
+
+    logs = run(cache_dir, "logs", env_id[:8])
+    assert logs.returncode == 0, logs.stderr
+    assert "[working_dir]" in logs.stdout
+
+    removed = run(cache_dir, "rm", env_id[:10])
+    assert removed.returncode == 0, removed.stderr
+    assert "1 resource(s)" in removed.stdout
+    assert "no environments" in run(cache_dir, "list").stdout
+
+    rebuilt = run(cache_dir, "build", "env.yaml", cwd=project)
+    assert rebuilt.returncode == 0
+    gc = run(cache_dir, "gc", "--max-bytes", "0")
+    assert gc.returncode == 0, gc.stderr
+    assert "1 evicted; cache now 0 B" in gc.stdout
+
+
+def test_jupyter_subcommand(project: Path, cache_dir: Path) -> None:
+    result = run(cache_dir, "build", str(project / "env.yaml"), "--json", jupyter=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["state"] == "READY"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ('{"env_vars": {"A": 1}}', "error: invalid spec: env_vars.A: expected a string, got int"),
+        ('{"env_var": {}}', "error: invalid spec: env_var: unknown field"),
+        ('{"pip": ["ok"], "conda": "base"}', "cannot be combined with 'conda'"),
+        ("{not json", "inline spec is not valid JSON"),
+        ("missing.yaml", "no spec file 'missing.yaml'"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(
+    cache_dir: Path, spec: str, message: str, tmp_path: Path
+) -> None:
+    result = run(cache_dir, "build", spec, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_failed_build_exits_one_with_the_step(tmp_path: Path, cache_dir: Path) -> None:
+    spec = json.dumps({"working_dir": "https://127.0.0.1:9/nothing.zip"})
+    result = run(cache_dir, "build", spec, "--quiet", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: build failed: working_dir")
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_env_id(cache_dir: Path) -> None:
+    result = run(cache_dir, "logs", "deadbeef")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: no environment 'deadbeef'"
