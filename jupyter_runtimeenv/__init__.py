@@ -128,6 +128,13 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     return points()
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_runtimeenv``: the ``%runtime_env`` magic and a bare ``@remote``."""
+    from .ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

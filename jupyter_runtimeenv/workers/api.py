@@ -74,6 +74,15 @@ def init(runtime_env: EnvLike | None = None, executor: Executor | None = None) -
         old.shutdown()
 
 
+def default_runtime_env() -> RuntimeEnvSpec | None:
+    """The session's default environment (set by ``init`` or ``%runtime_env``), or ``None``.
+
+    Who calls it: the ``%runtime_env`` magic, to show the default and merge over it.
+    """
+    with _session.lock:
+        return _session.runtime_env
+
+
 def shutdown() -> None:
     """Forget the session's settings; shut down the executor if the session created it."""
     with _session.lock:

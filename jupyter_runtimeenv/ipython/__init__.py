@@ -1,0 +1,40 @@
+"""IPython integration: the ``%runtime_env`` magic, loaded with ``%load_ext jupyter_runtimeenv``.
+
+Who calls it: IPython, through ``jupyter_runtimeenv.load_ipython_extension`` (the
+``%load_ext`` hook of the top-level package), which delegates here. Loading registers the
+magics and puts ``remote``, ``get`` and ``wait`` into the user namespace, so a notebook can
+write a bare ``@remote``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension"]
+
+#: The names ``%load_ext`` puts into the user namespace.
+USER_NAMES = ("remote", "get", "wait")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%runtime_env`` on ``ipython`` and push the remote API into its namespace."""
+    from ..workers import api
+    from .magics import RuntimeEnvMagics
+
+    ipython.register_magics(RuntimeEnvMagics(ipython))
+    ipython.push({name: getattr(api, name) for name in USER_NAMES})
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext jupyter_runtimeenv``: release the magic's environment reference.
+
+    The magic itself stays registered (IPython has no way to unregister a magics class);
+    the names pushed into the user namespace are removed.
+    """
+    from ..workers import api
+    from .magics import RuntimeEnvMagics
+
+    magics = ipython.magics_manager.registry.get(RuntimeEnvMagics.__name__)
+    if isinstance(magics, RuntimeEnvMagics):
+        magics.release()
+    ipython.drop_by_id({name: getattr(api, name) for name in USER_NAMES})
