@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -48,8 +49,13 @@ def argument(*args: Any, **kwargs: Any) -> _Decorator:
     return decorator
 
 
-def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
-    return _margs.parse_argstring(magic, line)
+def parse_argstring(magic: Any, line: str) -> Any:
+    """Shell-like words (quotes removed, unlike IPython's ``arg_split``), then the flags."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"runtime_env: {exc}") from None
+    return magic.parser.parse_args(words)
 
 
 def spec_from_args(args: Any, current: RuntimeEnvSpec | None) -> RuntimeEnvSpec:
@@ -95,6 +101,11 @@ def _key_value(item: str) -> tuple[str, str]:
     if not sep or not key:
         raise SpecError("env_vars", f"expected KEY=VALUE, got {item!r}")
     return key, value
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def show(spec: RuntimeEnvSpec | None, built: str | None = None) -> str:
@@ -166,7 +177,8 @@ class RuntimeEnvMagics(Magics):
         try:
             spec = spec_from_args(args, current)
         except SpecError as exc:
-            raise UsageError(f"runtime_env: invalid spec: {exc}") from None
+            # One line: some reasons (packaging's) add a caret diagram below.
+            raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
         if spec.config.eager_install:
             self._build(spec)
         api.init(runtime_env=spec)
