@@ -11,23 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import filelock
 
 from ..context import ContextBuilder, EnvContext
 from ..errors import BuildError, BuildTimeout, EnvInUse, EnvNotFound, RuntimeEnvError
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry, default_registry
 from ..spec import RuntimeEnvSpec, parse
-from .build import EnvLog, ResourceBuild
+from .build import EnvLog
 from .cache import Cache
 from .events import Event, EventBus, Listener
 from .limits import Limiter
+from .resources import Resources
 from .state import EnvRecord, EnvState, EnvStateMachine, Transition
 
 DEFAULT_MAX_CACHE_BYTES = 10 * 2**30
@@ -63,8 +61,7 @@ class RuntimeEnvAgent:
         self._cache: Cache | None = None
         self._builds: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, asyncio.Future[None]] = {}
-        self._resources: dict[str, asyncio.Task[tuple[Path, bool]]] = {}
-        self._resource_waiters: dict[str, int] = {}
+        self._resources = Resources(lambda: self.cache, self.limiter, self.registry)
         self._logs: dict[str, EnvLog] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._gc_lock = asyncio.Lock()
@@ -81,7 +78,7 @@ class RuntimeEnvAgent:
     async def stop(self) -> None:
         """Cancel every build (killing its processes), drop this process's references, close."""
         self._stopping = True
-        tasks = [*self._builds.values(), *self._resources.values(), *self._background]
+        tasks = [*self._builds.values(), *self._resources.tasks(), *self._background]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -250,9 +247,7 @@ class RuntimeEnvAgent:
         evicted: list[dict[str, Any]] = []
         async with self._gc_lock:
             for item in await asyncio.to_thread(self.cache.eviction_candidates, limit):
-                if item.uri in self._resources:
-                    continue  # being built right now
-                if await self._evict(item.uri, item.plugin, item.path):
+                if await self._evict(item.uri):
                     evicted.append({"uri": item.uri, "plugin": item.plugin, "size": item.size})
         return evicted
 
@@ -397,132 +392,32 @@ class RuntimeEnvAgent:
         value: Any,
         uri: str,
     ) -> Path:
-        """The resource ``uri``, created once however many builds need it at the same time."""
+        """One step of a build: the resource ``uri``, with step events around it."""
         env_id = spec.env_id
         step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
-        started = time.time()
-        self._step(env_id, step, status="running", uri=uri, started=started)
-        task = self._resources.get(uri)
-        if task is None:
-            task = asyncio.create_task(
-                self._create_resource(spec, log, name, step, plugin, value, uri)
-            )
-            self._resources[uri] = task
-            task.add_done_callback(lambda _t: self._resources.pop(uri, None))
-        self._resource_waiters[uri] = self._resource_waiters.get(uri, 0) + 1
+        self._step(env_id, step, status="running", uri=uri, started=time.time())
+        status = "cancelled"
         try:
-            path, cached = await asyncio.shield(task)
+            path, cached = await self._resources.need(spec, log, name, plugin, value, uri)
+            status = "cached" if cached else "done"
+            return path
         except asyncio.CancelledError:
-            if task.done() or self._resource_waiters[uri] > 1:
-                raise
-            task.cancel()  # the last one waiting: stop the work
-            with contextlib.suppress(BaseException):
-                await task
             raise
         except BaseException:
-            self._step(env_id, step, status="failed", ended=time.time())
+            status = "failed"
             raise
         finally:
-            self._resource_waiters[uri] -= 1
-            if not self._resource_waiters[uri]:
-                del self._resource_waiters[uri]
-            if (
-                self._machine.get(env_id)
-                and self._machine.records[env_id].steps.get(step, {}).get("status") == "running"
-            ):
-                self._step(env_id, step, status="cancelled", ended=time.time())
-        self._step(env_id, step, status="cached" if cached else "done", ended=time.time())
-        return path
+            self._step(env_id, step, status=status, ended=time.time())
 
-    async def _create_resource(
-        self,
-        spec: RuntimeEnvSpec,
-        log: EnvLog,
-        name: str,
-        step: str,
-        plugin: RuntimeEnvPlugin,
-        value: Any,
-        uri: str,
-    ) -> tuple[Path, bool]:
-        """Create ``uri`` unless the cache (of any process) has it; (path, was cached)."""
-        cache = self.cache
-        found = await asyncio.to_thread(cache.lookup, uri)
-        if found is not None:
-            return found, True
-        lock = cache.lock_for(uri)
-        await _acquire(lock)
-        try:
-            found = await asyncio.to_thread(cache.lookup, uri)  # built by another process meanwhile
-            if found is not None:
-                return found, True
-            tmp = await asyncio.to_thread(cache.new_tmp)
-            build = ResourceBuild(
-                env_id=spec.env_id,
-                spec=spec,
-                uri=uri,
-                step=name,
-                target=tmp,
-                cache_root=cache.root,
-                log=log,
-                limiter=self.limiter,
-                resource_path=lambda u: cache.resource_path(name, u),
-            )
-            try:
-                size = await call_maybe_sync(
-                    plugin.create, uri, value, build, to_thread=asyncio.to_thread
-                )
-                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0)), False
-            except BuildError as exc:
-                exc.step = exc.step or name
-                exc.output_tail = exc.output_tail or list(build.tail)
-                raise
-            except Exception as exc:
-                raise BuildError(
-                    f"{type(exc).__name__}: {exc}",
-                    env_id=spec.env_id,
-                    step=name,
-                    output_tail=list(build.tail),
-                ) from exc
-            finally:
-                # Whatever happened, nothing half-built stays (commit renamed tmp away on success).
-                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
-        finally:
-            await asyncio.shield(asyncio.to_thread(lock.release))
-
-    async def _evict(
-        self, uri: str, plugin_name: str | None = None, path: Path | None = None
-    ) -> bool:
-        cache = self.cache
-        lock = cache.lock_for(uri)
-        try:
-            await asyncio.to_thread(lock.acquire, 0)
-        except filelock.Timeout:
-            return False  # another process is building or evicting it
-        try:
-            if path is None:
-                row = next(
-                    (r for r in await asyncio.to_thread(cache.resources) if r["uri"] == uri), None
-                )
-                if row is None:
-                    return False
-                plugin_name, path = row["plugin"], Path(row["path"])
-            if await asyncio.to_thread(cache.lookup, uri) is None:
-                return False
-            forgotten = await asyncio.to_thread(cache.forget_resource, uri)
-            if await asyncio.to_thread(cache.lookup, uri) is not None:
-                return False  # it became referenced meanwhile
-            for env_id in forgotten:
-                record = self._machine.get(env_id)
-                if record is not None and not record.holders:
-                    self._machine.forget(env_id)
-            plugin = self.registry.for_field(plugin_name or "")
-            if plugin is not None:
-                with contextlib.suppress(Exception):
-                    await call_maybe_sync(plugin.delete, uri, path, to_thread=asyncio.to_thread)
-            await asyncio.to_thread(shutil.rmtree, path, True)
-            return True
-        finally:
-            await asyncio.to_thread(lock.release)
+    async def _evict(self, uri: str) -> bool:
+        forgotten = await self._resources.evict(uri)
+        if forgotten is None:
+            return False
+        for env_id in forgotten:
+            record = self._machine.get(env_id)
+            if record is not None and not record.holders:
+                self._machine.forget(env_id)
+        return True
 
     # -- events ------------------------------------------------------------------------------
 
@@ -548,13 +443,3 @@ class RuntimeEnvAgent:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-async def _acquire(lock: filelock.FileLock) -> None:
-    """Take a cross-process file lock without blocking the loop, staying cancellable."""
-    while True:
-        try:
-            await asyncio.to_thread(lock.acquire, 0.2)
-            return
-        except filelock.Timeout:
-            continue

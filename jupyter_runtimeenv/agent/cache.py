@@ -169,7 +169,11 @@ class Cache:
         return Path(row[0])
 
     def lock_for(self, uri: str) -> filelock.FileLock:
-        return filelock.FileLock(str(self.root / "locks" / f"{resource_key(uri)}.lock"))
+        # Not thread-local: the agent acquires and releases through asyncio.to_thread, which
+        # may use two different pool threads.
+        return filelock.FileLock(
+            str(self.root / "locks" / f"{resource_key(uri)}.lock"), thread_local=False
+        )
 
     def new_tmp(self) -> Path:
         path = self.root / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -251,12 +255,22 @@ class Cache:
             total -= size
         return chosen
 
-    def forget_resource(self, uri: str) -> list[str]:
-        """Drop a resource from the index (before its directory is removed) unless it became
-        referenced meanwhile; returns the env ids that used it (they are forgotten too)."""
+    def resource(self, uri: str) -> dict[str, Any] | None:
+        """The index row of a complete resource (uri, plugin, path, size), or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT uri, plugin, path, size FROM resources WHERE uri = ?", (uri,)
+            ).fetchone()
+        if row is None or not Path(row[2]).is_dir():
+            return None
+        return {"uri": row[0], "plugin": row[1], "path": row[2], "size": row[3]}
+
+    def forget_resource(self, uri: str) -> list[str] | None:
+        """Drop a resource from the index (before its directory is removed); the env ids
+        that used it (forgotten too), or None if it is referenced."""
         with self._tx() as db:
             if uri in self._referenced_uris():
-                return []
+                return None
             return self._drop_resource(db, uri)
 
     def _drop_resource(self, db: sqlite3.Connection, uri: str) -> list[str]:

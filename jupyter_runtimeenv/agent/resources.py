@@ -1,0 +1,170 @@
+"""Creating and evicting cached resources: once at a time, across tasks and processes.
+
+Within a process, concurrent needs for one URI share one task (single flight); the work
+is cancelled only when the last build waiting for it is. Across processes, a file lock per
+URI serialises creation and eviction, and the index is checked again under the lock.
+Called by ``RuntimeEnvAgent`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from ..errors import BuildError, PluginNotFound
+from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
+from ..plugins.registry import PluginRegistry
+from ..spec import RuntimeEnvSpec
+from .build import EnvLog, ResourceBuild
+from .cache import Cache
+from .limits import Limiter
+
+
+class Resources:
+    def __init__(self, cache: Callable[[], Cache], limiter: Limiter, registry: PluginRegistry):
+        self._cache = cache
+        self._limiter = limiter
+        self._registry = registry
+        self._tasks: dict[str, asyncio.Task[tuple[Path, bool]]] = {}
+        self._waiters: dict[str, int] = {}
+
+    def building(self, uri: str) -> bool:
+        return uri in self._tasks
+
+    def tasks(self) -> list[asyncio.Task[tuple[Path, bool]]]:
+        return list(self._tasks.values())
+
+    async def need(
+        self,
+        spec: RuntimeEnvSpec,
+        log: EnvLog,
+        name: str,
+        plugin: RuntimeEnvPlugin,
+        value: Any,
+        uri: str,
+    ) -> tuple[Path, bool]:
+        """The resource ``uri`` (path, whether it was already cached), created at most once
+        however many builds need it at the same time."""
+        task = self._tasks.get(uri)
+        if task is None:
+            task = asyncio.create_task(self._create(spec, log, name, plugin, value, uri))
+            self._tasks[uri] = task
+            task.add_done_callback(lambda _t: self._tasks.pop(uri, None))
+        self._waiters[uri] = self._waiters.get(uri, 0) + 1
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done() and self._waiters[uri] == 1:
+                task.cancel()  # the last build waiting for it: stop the work
+                with contextlib.suppress(BaseException):
+                    await task
+            raise
+        finally:
+            self._waiters[uri] -= 1
+            if not self._waiters[uri]:
+                del self._waiters[uri]
+
+    async def _create(
+        self,
+        spec: RuntimeEnvSpec,
+        log: EnvLog,
+        name: str,
+        plugin: RuntimeEnvPlugin,
+        value: Any,
+        uri: str,
+    ) -> tuple[Path, bool]:
+        cache = self._cache()
+        found = await asyncio.to_thread(cache.lookup, uri)
+        if found is not None:
+            return found, True
+        lock = cache.lock_for(uri)
+        await _acquire(lock)
+        try:
+            found = await asyncio.to_thread(cache.lookup, uri)  # built by another process meanwhile
+            if found is not None:
+                return found, True
+            tmp = await asyncio.to_thread(cache.new_tmp)
+            build = ResourceBuild(
+                env_id=spec.env_id,
+                spec=spec,
+                uri=uri,
+                step=name,
+                target=tmp,
+                cache_root=cache.root,
+                log=log,
+                limiter=self._limiter,
+                resource_path=lambda u: cache.resource_path(name, u),
+            )
+            try:
+                size = await call_maybe_sync(
+                    plugin.create, uri, value, build, to_thread=asyncio.to_thread
+                )
+                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0)), False
+            except BuildError as exc:
+                exc.step = exc.step or name
+                exc.output_tail = exc.output_tail or list(build.tail)
+                raise
+            except Exception as exc:
+                raise BuildError(
+                    f"{type(exc).__name__}: {exc}",
+                    env_id=spec.env_id,
+                    step=name,
+                    output_tail=list(build.tail),
+                ) from exc
+            finally:
+                # Whatever happened, nothing half-built stays (commit renamed tmp away on success).
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        finally:
+            await asyncio.shield(asyncio.to_thread(lock.release))
+
+    async def evict(self, uri: str) -> list[str] | None:
+        """Delete an unreferenced resource; the env ids that used it, or None if it was not
+        evicted (referenced, being built here or by another process, or already gone)."""
+        if self.building(uri):
+            return None
+        cache = self._cache()
+        lock = cache.lock_for(uri)
+        try:
+            await asyncio.to_thread(lock.acquire, 0)
+        except filelock.Timeout:
+            return None
+        try:
+            row = await asyncio.to_thread(cache.resource, uri)
+            if row is None:
+                return None
+            forgotten = await asyncio.to_thread(cache.forget_resource, uri)
+            if forgotten is None:
+                return None  # it became referenced meanwhile
+            plugin = self._plugin_named(row["plugin"])
+            if plugin is not None:
+                with contextlib.suppress(Exception):
+                    await call_maybe_sync(
+                        plugin.delete, uri, Path(row["path"]), to_thread=asyncio.to_thread
+                    )
+            await asyncio.to_thread(shutil.rmtree, row["path"], True)
+            return forgotten
+        finally:
+            await asyncio.to_thread(lock.release)
+
+    def _plugin_named(self, name: str) -> RuntimeEnvPlugin | None:
+        plugin = self._registry.for_field(name)
+        if plugin is None and "." in name:
+            with contextlib.suppress(PluginNotFound):
+                plugin = self._registry.by_path(name)
+        return plugin
+
+
+async def _acquire(lock: filelock.FileLock) -> None:
+    """Take a cross-process file lock without blocking the loop, staying cancellable."""
+    while True:
+        try:
+            await asyncio.to_thread(lock.acquire, 0.2)
+            return
+        except filelock.Timeout:
+            continue
