@@ -14,7 +14,7 @@ import asyncio
 import atexit
 import os
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -100,6 +100,8 @@ class EmbeddedClient:
         return await self._thread.run_async(self.agent.get_or_create(spec, holder, retry=retry))
 
     async def release(self, env_id: str, holder: str) -> None:
+        if self._closed:
+            return  # stopping the agent dropped every reference this process held
         await self._thread.run_async(self.agent.release(env_id, holder))
 
     async def status(self) -> list[dict[str, Any]]:
@@ -112,6 +114,8 @@ class EmbeddedClient:
         return self._thread.run(self.agent.get_or_create(spec, holder, retry=retry))
 
     def release_sync(self, env_id: str, holder: str) -> None:
+        if self._closed:
+            return  # stopping the agent dropped every reference this process held
         self._thread.run(self.agent.release(env_id, holder))
 
     def close(self) -> None:
@@ -141,7 +145,7 @@ def get_client() -> AgentClient:
                 _client = ServerClient(url, os.environ.get(TOKEN_ENV_VAR, ""))
             else:
                 _client = EmbeddedClient()
-            atexit.register(_close_client)
+            _at_exit(_close_client)
         return _client
 
 
@@ -151,6 +155,23 @@ def set_client(client: AgentClient | None) -> AgentClient | None:
     with _client_lock:
         old, _client = _client, client
     return old
+
+
+def _at_exit(func: Callable[[], None]) -> None:
+    """Run ``func`` at interpreter exit while thread pools still accept work.
+
+    ``atexit`` handlers run after ``concurrent.futures`` has shut its executors down, and
+    the agent's stop needs ``asyncio.to_thread``. ``threading._register_atexit`` (what
+    ``concurrent.futures`` itself uses) runs hooks in reverse order of registration, so a
+    hook registered now runs before the executors close. Fall back to ``atexit``.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError
+        register(func)
+    except RuntimeError:
+        atexit.register(func)
 
 
 def _close_client() -> None:
