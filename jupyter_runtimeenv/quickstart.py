@@ -8,7 +8,7 @@ Prints each code cell's first source line and its text outputs, then one summary
 exits 1 with the failing cell's error if a cell fails.
 
 It needs a source checkout (the notebook lives next to the package, not in the wheel) and
-nbclient/nbformat, which the ``test`` extra installs (``./dev`` installs ``.[test,dask]``).
+nbclient/nbformat, which the ``test`` extra installs (``./dev`` installs ``.[test]``).
 The environments go to the user's normal cache unless ``--cache-dir`` says otherwise.
 """
 
