@@ -115,10 +115,15 @@ class RuntimeEnvAgent:
         cache = self.cache
         env_id = spec.env_id
         record = self._machine.get(env_id)
-        if record is None:
+        if record is None or record.state is EnvState.READY:
+            # Another process sharing the cache may have built it, or evicted it.
             found = await asyncio.to_thread(cache.find_env, env_id)
-            if found is not None:
-                record = self._machine.adopt(env_id, found[0], found[1], time.time())
+            record = self._machine.get(env_id)  # re-read: others ran during the await
+            if found is None and record is not None and record.state is EnvState.READY:
+                self._machine.forget(env_id)  # unheld, so nothing is lost: rebuild it
+                record = None
+            if record is None and found is not None:
+                self._machine.adopt(env_id, found[0], found[1], time.time())
                 self._publish_state(Transition(env_id, None, EnvState.READY))
         record, must_build, transitions = self._machine.request(
             env_id, spec.to_json(), holder, time.time(), retry=retry

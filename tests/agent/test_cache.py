@@ -100,6 +100,19 @@ async def test_evicted_env_is_rebuilt_on_next_request(make_agent: MakeAgent, cre
     assert len(pid_file(creates)) == 2
 
 
+async def test_env_evicted_by_another_agent_is_rebuilt(
+    make_agent: MakeAgent, creates: Path
+) -> None:
+    server = await make_agent(registry=registry())
+    cli = await make_agent(registry=registry())  # e.g. `jupyter runtimeenv gc` meanwhile
+    env_id = await use(server, "shared-root")
+    assert [e["uri"] for e in await cli.gc(max_bytes=0)] == ["counting://shared-root"]
+    ctx = await server.get_or_create(server.parse(counting("shared-root")), "h")
+    assert ctx.env_id == env_id
+    assert Path(ctx.env_vars["COUNTING_SHARED-ROOT"], "payload").exists()
+    assert len(pid_file(creates)) == 2
+
+
 async def test_cache_over_its_cap_evicts_after_a_build(make_agent: MakeAgent) -> None:
     agent = await make_agent(registry=registry(), max_cache_bytes=1500)
     await use(agent, "old")
