@@ -12,27 +12,33 @@ Order of events, which is the point of this file:
    find ours);
 2. put the driver's entries (JSON list in ``JUPYTER_RUNTIMEENV_SYS_PATH``) that this
    interpreter does not already have first on ``sys.path``, in the driver's order;
-3. only then import cloudpickle (the environment's own, else the driver's copy loaded by
-   file path, so nothing else of the driver's site-packages leaks in) and say HELLO;
+3. only then make sure cloudpickle can be imported (the environment's own, else the
+   driver's copy loaded by file path, so nothing else of the driver's site-packages leaks
+   in) and say HELLO;
 4. serve CALL frames one at a time with RETURN or RAISE, until EOF on the channel.
 
-Imports: the standard library and cloudpickle only.
+Imports: the standard library and cloudpickle only, and as few as possible before HELLO:
+a worker's start is on the critical path of every new pool. cloudpickle itself (~30 ms
+with the modules it pulls in) is imported when first needed: by ``pickle.loads`` for a
+function pickled by value, or to pickle an error or an awkward result; a function
+importable by reference never pays for it. ``typing``, ``socket``, ``threading`` and
+``contextlib`` are avoided (the channel is driven with ``os.readv``/``os.write``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import _thread
 import importlib.util
 import json
 import os
 import pickle
-import socket
 import sys
-import threading
-from types import ModuleType
-from typing import TYPE_CHECKING
+import time
 
-if TYPE_CHECKING:  # typing costs ~3 ms at start; annotations are strings here anyway
+TYPE_CHECKING = False  # importing typing costs ~3 ms at start; annotations are strings
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
     from typing import Any
 
 SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
@@ -62,29 +68,55 @@ def _load_by_path(name: str, init: str, package_dir: str | None = None) -> Modul
     return module
 
 
-def _import_cloudpickle() -> ModuleType:
-    try:
-        import cloudpickle
-    except ImportError:
-        # An isolated environment without cloudpickle: load the driver's (pure Python) by
-        # path, registered under its own name so that unpickling finds it.
-        fallback = os.environ.get(CLOUDPICKLE_VAR)
-        if not fallback:
-            raise
-        return _load_by_path("cloudpickle", os.path.join(fallback, "__init__.py"), fallback)
-    module: ModuleType = cloudpickle
-    return module
+def ensure_cloudpickle() -> None:
+    """Make ``import cloudpickle`` work here without importing it (that is left to need).
+
+    An isolated environment without cloudpickle gets the driver's (pure Python) copy,
+    loaded by path and registered under its own name so that unpickling finds it.
+    """
+    if "cloudpickle" in sys.modules or importlib.util.find_spec("cloudpickle") is not None:
+        return
+    fallback = os.environ.get(CLOUDPICKLE_VAR)
+    if not fallback:
+        raise ImportError("No module named 'cloudpickle' (and no fallback given)")
+    _load_by_path("cloudpickle", os.path.join(fallback, "__init__.py"), fallback)
+
+
+def cloudpickle_dumps(obj: object, protocol: int | None = None) -> bytes:
+    """``cloudpickle.dumps``, importing cloudpickle on first use."""
+    import cloudpickle
+
+    data: bytes = cloudpickle.dumps(obj, protocol=protocol)
+    return data
+
+
+class FdChannel:
+    """The worker's end of the socketpair, with the two methods ``protocol`` uses.
+
+    Plain ``os`` calls on the descriptor: the ``socket`` module costs ~3 ms to import.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def recv_into(self, view: memoryview) -> int:
+        return os.readv(self.fd, [view])
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
 
 
 def _watch_parent(parent: int) -> None:
     # If the driver is SIGKILLed while a task runs, nobody reads our EOF: exit on our own.
     while True:
-        threading.Event().wait(1.0)
+        time.sleep(1.0)
         if os.getppid() != parent:
             os._exit(70)
 
 
-def failure(phase: str, exc: BaseException, dumps: Any, skip: int) -> bytes:
+def failure(phase: str, exc: BaseException, dumps: Callable[[object], bytes], skip: int) -> bytes:
     """The RAISE payload: plain values, so the driver can read it even if ``exc`` won't load.
 
     ``phase`` is ``"call"`` (the function raised), ``"load"`` (the CALL could not be
@@ -113,9 +145,9 @@ def failure(phase: str, exc: BaseException, dumps: Any, skip: int) -> bytes:
     )
 
 
-def serve(sock: socket.socket, protocol: ModuleType, cloudpickle: ModuleType) -> None:
+def serve(sock: FdChannel, protocol: ModuleType) -> None:
     """Answer CALL frames until the driver closes the channel."""
-    dumps = cloudpickle.dumps
+    dumps = cloudpickle_dumps
     loads = pickle.loads
     send = protocol.send_frame
     functions: dict[int, Any] = {}
@@ -163,8 +195,10 @@ def serve(sock: socket.socket, protocol: ModuleType, cloudpickle: ModuleType) ->
 def _flush() -> None:
     # The driver attributes output read before RETURN to the task; make it all be there.
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105 - contextlib is not imported before it is needed
             stream.flush()
+        except Exception:
+            pass
 
 
 def main(argv: list[str]) -> int:
@@ -175,14 +209,14 @@ def main(argv: list[str]) -> int:
         print("usage: _entry.py --fd N", file=sys.stderr)
         return 2
     protocol = _load_by_path("_jupyter_runtimeenv_protocol", os.path.join(_HERE, "protocol.py"))
-    cloudpickle = _import_cloudpickle()
-    sock = socket.socket(fileno=int(argv[1]))
+    ensure_cloudpickle()
+    sock = FdChannel(int(argv[1]))
     # Output goes to pipes: line buffering lets the driver show it as it comes.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    _thread.start_new_thread(_watch_parent, (os.getppid(),))
     hello = {
         "version": protocol.PROTOCOL_VERSION,
         "pid": os.getpid(),
@@ -191,7 +225,7 @@ def main(argv: list[str]) -> int:
     }
     protocol.send_frame(sock, protocol.HELLO, json.dumps(hello).encode())
     try:
-        serve(sock, protocol, cloudpickle)
+        serve(sock, protocol)
     except (protocol.ProtocolError, OSError) as exc:
         print(f"jupyter-runtimeenv worker: channel broken: {exc}", file=sys.stderr)
         return 3

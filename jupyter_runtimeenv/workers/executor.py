@@ -68,6 +68,8 @@ class LocalExecutor(Executor):
 
     ``acquire``/``release`` default to the process-wide agent client (``get_client()``,
     looked up at the first submit); tests and embedders may pass their own.
+    ``keep_spare`` keeps one started worker in reserve per pool (see ``Pool``): a burst
+    after a quiet spell does not wait for a process start, at the cost of a process.
     """
 
     def __init__(
@@ -77,8 +79,10 @@ class LocalExecutor(Executor):
         idle_timeout: float = 60.0,
         acquire: AcquireFn | None = None,
         release: ReleaseFn | None = None,
+        keep_spare: bool = False,
     ) -> None:
         self.max_workers = max_workers
+        self.keep_spare = keep_spare
         self.idle_timeout = idle_timeout
         self._acquire = acquire
         self._release = release
@@ -154,6 +158,7 @@ class LocalExecutor(Executor):
             max_workers=self.max_workers,
             idle_timeout=self.idle_timeout,
             close_when_idle=True,
+            keep_spare=self.keep_spare,
             name=f"pool-{spec.env_id[:8]}",
         )
 

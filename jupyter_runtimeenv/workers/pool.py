@@ -7,6 +7,12 @@ up to ``max_workers``, reuses idle ones (most recently used first: warm caches),
 idle for ``idle_timeout`` seconds, and calls ``release`` (the agent reference) exactly once
 when it closes. Every live pool is closed at interpreter exit.
 
+With ``keep_spare``, the pool keeps one started worker in reserve: one more as soon as the
+environment is known, and another whenever a task takes the last idle worker, so that the
+next task does not wait for a process start (~80 ms: the interpreter, ``site``, pickle and
+cloudpickle). The spare counts towards ``max_workers``, is never started while another
+worker is still starting, and is stopped by the idle timeout like any idle worker.
+
 Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
 blocks (sending, spawning, settling futures, releasing) runs under it.
 """
@@ -49,11 +55,13 @@ class Pool:
         max_workers: int | None = None,
         idle_timeout: float = 60.0,
         close_when_idle: bool = False,
+        keep_spare: bool = False,
         name: str = "pool",
     ) -> None:
         self.max_workers = max_workers or os.cpu_count() or 1
         self.idle_timeout = idle_timeout
         self.close_when_idle = close_when_idle
+        self.keep_spare = keep_spare
         self.name = name
         self.ctx: EnvContext | None = None
         self.state = PoolState.ACQUIRING
@@ -87,7 +95,7 @@ class Pool:
 
     def submit(self, task: Task) -> bool:
         """Run ``task`` on an idle worker, or queue it (starting a worker if allowed)."""
-        spawn: WorkerProcess | None = None
+        spawn = spare = None
         with self._lock:
             if self.closed:
                 return False
@@ -95,6 +103,7 @@ class Pool:
             worker = self._idle.pop() if self._idle else None
             if worker is not None:
                 self._assign(worker, task)
+                spare = self._reserve_spare()
             else:
                 self._queue.append(task)
                 spawn = self._reserve_worker()
@@ -102,6 +111,8 @@ class Pool:
             worker.send(task)
         elif spawn is not None:
             self._start(spawn)
+        if spare is not None:
+            self._start_soon(spare)
         return True
 
     def drain(self) -> None:
@@ -138,7 +149,11 @@ class Pool:
 
     def worker_ready(self, worker: WorkerProcess) -> Task | None:
         with self._lock:
-            return self._next_for(worker)
+            task = self._next_for(worker)
+            spare = self._reserve_spare() if task is not None else None
+        if spare is not None:
+            self._start_soon(spare)
+        return task
 
     def task_finished(self, worker: WorkerProcess, task: Task) -> Task | None:
         with self._lock:
@@ -201,6 +216,17 @@ class Pool:
         self._workers.add(worker)
         return worker
 
+    def _reserve_spare(self) -> WorkerProcess | None:
+        if not self.keep_spare or self.state is not PoolState.READY or self._idle:
+            return None
+        if any(not w.ready for w in self._workers) or len(self._workers) >= self.max_workers:
+            return None
+        if self.ctx is None:
+            return None
+        worker = WorkerProcess(self.ctx, self)
+        self._workers.add(worker)
+        return worker
+
     def _finished(self) -> bool:
         return self.state is PoolState.DRAINING and not self._queue and self._empty(busy_only=True)
 
@@ -219,6 +245,13 @@ class Pool:
             worker.start()
         except WorkerError as exc:
             self.worker_died(worker, exc)
+
+    def _start_soon(self, worker: WorkerProcess) -> None:
+        """Launch a reserved spare from a short thread: the caller (``.remote()``, a reader
+        thread about to send a task) must not wait for ``Popen``. Lock not held."""
+        threading.Thread(
+            target=self._start, args=(worker,), name=f"{self.name}-spare", daemon=True
+        ).start()
 
     def _cancel(self, task: Task) -> None:
         """The cancel hook of ``task``'s future. Lock not held."""
@@ -250,6 +283,9 @@ class Pool:
                 self.state = PoolState.READY
             while (worker := self._reserve_worker()) is not None:
                 spawn.append(worker)
+            if self.keep_spare and not spawn and len(self._workers) < self.max_workers:
+                spawn.append(worker := WorkerProcess(ctx, self))
+                self._workers.add(worker)
             closed = self.state is PoolState.CLOSED
         if closed:
             self._release_env()

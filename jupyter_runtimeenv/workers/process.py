@@ -74,10 +74,23 @@ class WorkerProcess:
     # -- lifecycle, called by the pool -----------------------------------------------------
 
     def start(self) -> None:
-        """Launch the process and its reader thread; ``WorkerError`` if it cannot start."""
-        ours, theirs = socket.socketpair()
+        """Launch the process and its reader thread; ``WorkerError`` if it cannot start.
+
+        A worker stopped or killed before it started (its pool closed meanwhile) is not
+        launched. Holding ``_send_lock`` makes ``stop`` wait for the launch, so the pool's
+        ``join`` that follows sees the process.
+        """
+        with self._send_lock:
+            if self._stopping:
+                return
+            self._launch()
+            if self._thread is not None:
+                self._thread.start()
+
+    def _launch(self) -> None:
         env = process_env(self.ctx)
         env[CLOUDPICKLE_VAR] = _CLOUDPICKLE_DIR
+        ours, theirs = socket.socketpair()
         argv = compose(self.ctx, [ENTRY, "--fd", str(theirs.fileno())])
         try:
             self.proc = subprocess.Popen(
@@ -101,7 +114,6 @@ class WorkerProcess:
         self._thread = threading.Thread(
             target=self._run, name=f"jupyter-runtimeenv-worker-{self.pid}", daemon=True
         )
-        self._thread.start()
 
     def send(self, task: Task) -> None:
         """Send ``task``'s CALL. A failure means the worker is dying: the reader reports it."""

@@ -18,8 +18,19 @@ the side that sees it stops talking, and the driver kills the worker.
 
 from __future__ import annotations
 
-import socket
 import struct
+
+TYPE_CHECKING = False  # the bootstrap loads this file: no typing, no socket at run time
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Channel(Protocol):
+        """A ``socket.socket``, or the bootstrap's ``FdChannel``."""
+
+        def recv_into(self, buffer: memoryview, /) -> int: ...
+
+        def sendall(self, data: bytes, /) -> None: ...
+
 
 PROTOCOL_VERSION = 1
 
@@ -40,7 +51,7 @@ class ProtocolError(Exception):
     """The peer broke the framing; the connection cannot be used any more."""
 
 
-def send_frame(sock: socket.socket, kind: int, payload: bytes) -> None:
+def send_frame(sock: Channel, kind: int, payload: bytes) -> None:
     """Send one frame. Called by one thread at a time per socket (the owner serialises)."""
     header = HEADER.pack(kind, len(payload))
     if len(payload) < _SMALL:
@@ -50,14 +61,14 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes) -> None:
         sock.sendall(payload)
 
 
-def recv_exactly(sock: socket.socket, size: int) -> bytearray:
+def recv_exactly(sock: Channel, size: int) -> bytearray:
     """Exactly ``size`` bytes; EOF before that is a ``ProtocolError``."""
     buffer = bytearray(size)
     _fill(sock, memoryview(buffer), 0)
     return buffer
 
 
-def recv_frame(sock: socket.socket) -> tuple[int, bytearray] | None:
+def recv_frame(sock: Channel) -> tuple[int, bytearray] | None:
     """The next frame as ``(kind, payload)``; ``None`` when the peer closed between frames."""
     header = bytearray(HEADER.size)
     view = memoryview(header)
@@ -73,7 +84,7 @@ def recv_frame(sock: socket.socket) -> tuple[int, bytearray] | None:
     return kind, recv_exactly(sock, length)
 
 
-def _fill(sock: socket.socket, view: memoryview, got: int) -> None:
+def _fill(sock: Channel, view: memoryview, got: int) -> None:
     size = len(view)
     while got < size:
         n = sock.recv_into(view[got:])

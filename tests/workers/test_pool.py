@@ -227,3 +227,50 @@ def test_close_ends_every_worker_and_cancels_tasks(ctx: EnvContext) -> None:
     assert psutil.Process().children() == [] or all(
         p.pid not in pids for p in psutil.Process().children()
     )
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_a_spare_worker_takes_the_next_task_and_none_outlives_close(
+    make_pool: MakePool,
+) -> None:
+    pool = make_pool(max_workers=2, keep_spare=True)
+    first = submit(pool, pid).result(30)
+    _wait_until(lambda: len(pool.pids) == 2)  # the spare, started while the first task ran
+    workers = pool.pids
+    busy = submit(pool, _sleep_pid, 60)
+    second = submit(pool, pid).result(30)
+    assert {first, second} == set(workers)  # both tasks ran on workers already started
+    assert pool.pids == workers  # the spare counts towards max_workers: no third process
+    pool.close()
+    assert busy.cancelled()
+    wait_gone(workers)
+    assert not worker_children()
+
+
+def test_no_spare_beyond_max_workers(make_pool: MakePool) -> None:
+    pool = make_pool(max_workers=1, keep_spare=True)
+    pids = {submit(pool, pid).result(30) for _ in range(3)}
+    assert len(pids) == 1
+    assert len(pool.pids) == 1
+
+
+def test_a_spare_reserved_as_the_pool_closes_is_never_started(ctx: EnvContext) -> None:
+    for _ in range(5):  # close races the spare's start: the worker must not outlive it
+        pool = Pool(lambda: ctx, max_workers=2, keep_spare=True)
+        submit(pool, pid).result(30)
+        pool.close()
+    _wait_until(lambda: not worker_children())
+
+
+def test_the_worker_imports_cloudpickle_only_when_a_task_needs_it(make_pool: MakePool) -> None:
+    pool = make_pool(max_workers=1)
+    loaded = "'cloudpickle' in __import__('sys').modules"
+    assert submit(pool, eval, loaded).result(30) is False  # a builtin goes by reference
+    assert submit(pool, lambda: 1).result(30) == 1  # a lambda goes by value
+    assert submit(pool, eval, loaded).result(30) is True
