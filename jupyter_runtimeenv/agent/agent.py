@@ -25,7 +25,7 @@ from .build import EnvLog
 from .cache import Cache
 from .events import Event, EventBus, Listener
 from .limits import Limiter
-from .resources import Resources
+from .resources import ResourceJob, Resources
 from .state import EnvRecord, EnvState, EnvStateMachine, Transition
 
 DEFAULT_MAX_CACHE_BYTES = 10 * 2**30
@@ -360,11 +360,12 @@ class RuntimeEnvAgent:
             uris[name] = list(
                 await call_maybe_sync(plugin.uris, value, spec, to_thread=asyncio.to_thread)
             )
-        jobs = [(name, plugin, value, uri) for name, plugin, value in active for uri in uris[name]]
-        tasks = [
-            asyncio.create_task(self._need_resource(spec, log, name, plugin, value, uri))
-            for name, plugin, value, uri in jobs
+        jobs = [
+            ResourceJob(spec, log, name, plugin, value, uri)
+            for name, plugin, value in active
+            for uri in uris[name]
         ]
+        tasks = [asyncio.create_task(self._need_resource(job)) for job in jobs]
         try:
             paths = await asyncio.gather(*tasks)
         except BaseException:
@@ -373,7 +374,7 @@ class RuntimeEnvAgent:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         ctx = ContextBuilder(
-            resource_paths={job[3]: str(path) for job, path in zip(jobs, paths, strict=True)}
+            resource_paths={job.uri: str(path) for job, path in zip(jobs, paths, strict=True)}
         )
         for name, plugin, value in active:
             try:
@@ -388,22 +389,14 @@ class RuntimeEnvAgent:
                 ) from exc
         return ctx.freeze(env_id)
 
-    async def _need_resource(
-        self,
-        spec: RuntimeEnvSpec,
-        log: EnvLog,
-        name: str,
-        plugin: RuntimeEnvPlugin,
-        value: Any,
-        uri: str,
-    ) -> Path:
+    async def _need_resource(self, job: ResourceJob) -> Path:
         """One step of a build: the resource ``uri``, with step events around it."""
-        env_id = spec.env_id
+        env_id, name, uri = job.spec.env_id, job.name, job.uri
         step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
         self._step(env_id, step, status="running", uri=uri, started=time.time())
         status = "cancelled"
         try:
-            path, cached = await self._resources.need(spec, log, name, plugin, value, uri)
+            path, cached = await self._resources.need(job)
             status = "cached" if cached else "done"
             return path
         except asyncio.CancelledError:

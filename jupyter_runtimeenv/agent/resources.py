@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,19 @@ from ..spec import RuntimeEnvSpec
 from .build import EnvLog, ResourceBuild
 from .cache import Cache
 from .limits import Limiter
+
+
+@dataclass(frozen=True)
+class ResourceJob:
+    """One resource a build needs: ``plugin.create(uri, value, ...)`` for ``spec``'s env,
+    logging to ``log`` under the step ``name`` (the plugin's field or import path)."""
+
+    spec: RuntimeEnvSpec
+    log: EnvLog
+    name: str
+    plugin: RuntimeEnvPlugin
+    value: Any
+    uri: str
 
 
 class Resources:
@@ -40,20 +54,13 @@ class Resources:
     def tasks(self) -> list[asyncio.Task[tuple[Path, bool]]]:
         return list(self._tasks.values())
 
-    async def need(
-        self,
-        spec: RuntimeEnvSpec,
-        log: EnvLog,
-        name: str,
-        plugin: RuntimeEnvPlugin,
-        value: Any,
-        uri: str,
-    ) -> tuple[Path, bool]:
+    async def need(self, job: ResourceJob) -> tuple[Path, bool]:
         """The resource ``uri`` (path, whether it was already cached), created at most once
         however many builds need it at the same time."""
+        uri = job.uri
         task = self._tasks.get(uri)
         if task is None:
-            task = asyncio.create_task(self._create(spec, log, name, plugin, value, uri))
+            task = asyncio.create_task(self._create(job))
             self._tasks[uri] = task
             task.add_done_callback(lambda _t: self._tasks.pop(uri, None))
         self._waiters[uri] = self._waiters.get(uri, 0) + 1
@@ -70,15 +77,8 @@ class Resources:
             if not self._waiters[uri]:
                 del self._waiters[uri]
 
-    async def _create(
-        self,
-        spec: RuntimeEnvSpec,
-        log: EnvLog,
-        name: str,
-        plugin: RuntimeEnvPlugin,
-        value: Any,
-        uri: str,
-    ) -> tuple[Path, bool]:
+    async def _create(self, job: ResourceJob) -> tuple[Path, bool]:
+        spec, name, uri = job.spec, job.name, job.uri
         cache = self._cache()
         found = await asyncio.to_thread(cache.lookup, uri)
         if found is not None:
@@ -97,13 +97,13 @@ class Resources:
                 step=name,
                 target=tmp,
                 cache_root=cache.root,
-                log=log,
+                log=job.log,
                 limiter=self._limiter,
                 resource_path=lambda u: cache.resource_path(name, u),
             )
             try:
                 size = await call_maybe_sync(
-                    plugin.create, uri, value, build, to_thread=asyncio.to_thread
+                    job.plugin.create, uri, job.value, build, to_thread=asyncio.to_thread
                 )
                 return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0)), False
             except BuildError as exc:
