@@ -14,6 +14,7 @@ otherwise go unnoticed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -66,6 +67,17 @@ class Tree:
     @property
     def size(self) -> int:
         return sum(e.size for e in self.entries)
+
+    @functools.cached_property
+    def dirs(self) -> tuple[str, ...]:
+        """Every directory below the root that holds a file, parents before children."""
+        found: set[str] = set()
+        for entry in self.entries:
+            parent = os.path.dirname(entry.rel)
+            while parent and parent not in found:
+                found.add(parent)
+                parent = os.path.dirname(parent)
+        return tuple(sorted(found))  # a prefix sorts before its extensions
 
     def largest(self, n: int = 5) -> list[FileEntry]:
         return sorted(self.entries, key=lambda e: e.size, reverse=True)[:n]

@@ -40,22 +40,21 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     Raises ``BuildError`` if a source file no longer has the content it was hashed with
     (it changed after the spec was parsed: parse again).
     """
-    blobs = str(blob_dir(cache_root))
-    root = str(target)
+    blobs = str(blob_dir(cache_root)) + os.sep
+    root = str(target) + os.sep
     stored = 0
-    made: set[str] = set()
-    # Plain strings and os calls: for a thousand files, pathlib's overhead is the cost.
+    # Directories first, each once (a mkdir costs ~0.6 ms on some file systems), then
+    # plain string paths: for a thousand files, os.path's and pathlib's overhead is the cost.
+    os.makedirs(root, exist_ok=True)
+    for rel_dir in tree.dirs:
+        os.mkdir(root + rel_dir)
     for entry in tree.entries:
         name = entry.blob_name
-        blob = os.path.join(blobs, name[:2], name)
+        blob = blobs + name[:2] + os.sep + name
         if not _valid(blob, entry):
             _store(entry, Path(blob))
             stored += entry.size
-        dest = os.path.join(root, entry.rel)
-        parent = os.path.dirname(dest)
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
+        dest = root + entry.rel
         try:
             os.link(blob, dest)
         except OSError as exc:
