@@ -31,6 +31,7 @@ from .future import RemoteFuture, Task
 from .output import OutputTarget
 from .pool import Pool
 from .serialize import dump_call
+from .tracebacks import code_files
 
 
 class Executor(abc.ABC):
@@ -111,6 +112,7 @@ class LocalExecutor(Executor):
         future: RemoteFuture[Any] = RemoteFuture(name)
         task = Task(b"", future, OutputTarget.capture(name))
         task.payload = dump_call(task.id, function, args, kwargs, name)  # may raise at once
+        task.sources = code_files(function)
         while not self._pool_for(runtime_env).submit(task):
             pass  # that pool began closing (idle, or superseded) just now: take the next one
         return future

@@ -77,6 +77,8 @@ class Task:
     future: RemoteFuture[Any]
     output: OutputTarget
     id: int = field(default_factory=lambda: next(_task_ids))
+    #: Code name -> filename of the submitted function (see ``tracebacks``).
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -220,7 +220,7 @@ class WorkerProcess:
         if task is None:
             raise protocol.ProtocolError(f"frame kind {kind} while no task runs")
         try:
-            value, failed = load_outcome(kind, payload, task.id, task.name), False
+            value, failed = load_outcome(kind, payload, task.id, task.name, task.sources), False
         except protocol.ProtocolError:
             raise
         except Exception as exc:

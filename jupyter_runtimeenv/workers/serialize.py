@@ -19,6 +19,7 @@ import cloudpickle
 
 from ..errors import RemoteTaskError, SerializationError
 from . import protocol
+from .tracebacks import restore_frames
 
 
 def dump_call(
@@ -118,7 +119,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def load_outcome(kind: int, payload: bytes | bytearray, task_id: int, name: str) -> Any:
+def load_outcome(
+    kind: int,
+    payload: bytes | bytearray,
+    task_id: int,
+    name: str,
+    sources: Mapping[str, str] | None = None,
+) -> Any:
     """The task's value for RETURN; raises what the task should raise for RAISE.
 
     A ``ProtocolError`` means the frame does not belong to this task (the worker is broken).
@@ -136,7 +143,7 @@ def load_outcome(kind: int, payload: bytes | bytearray, task_id: int, name: str)
     if kind != protocol.RAISE:
         raise protocol.ProtocolError(f"expected RETURN or RAISE, got kind {kind}")
     info = pickle.loads(payload)
-    phase, text = info["phase"], info["traceback"]
+    phase, text = info["phase"], restore_frames(info["traceback"], sources or {})
     cause: BaseException | None = None
     if info["exception"] is not None:
         try:

@@ -192,3 +192,29 @@ def test_shutdown_stops_workers_and_releases_the_env(
 def _holders(client: EmbeddedClient) -> list[str]:
     status = asyncio.run(client.status())
     return [h for env in status for h in env.get("holders", [])]
+
+
+def test_remote_traceback_of_a_notebook_function_shows_its_cell(
+    agent_executor: LocalExecutor,
+) -> None:
+    """A function defined in a notebook cell is pickled by value (cloudpickle renames its
+    file ``<dynamic-code>``); the driver maps the frame back to the cell and its source."""
+    import linecache
+
+    cell = "/tmp/ipykernel_0/cell-42.py"
+    source = "def explode(x):\n    y = x + 1\n    raise KeyError(f'no {y}')\n"
+    # What IPython does for every cell: the source lives in linecache, not on disk.
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(source, cell, "exec"), namespace)
+    try:
+        explode = jre.remote(namespace["explode"])  # type: ignore[arg-type]
+        with pytest.raises(RemoteTaskError) as info:
+            jre.get(explode.remote(1))
+    finally:
+        del linecache.cache[cell]
+    text = info.value.remote_traceback
+    assert f'File "{cell}", line 3, in explode' in text
+    assert "    raise KeyError(f'no {y}')" in text
+    assert "<dynamic-code>" not in text
+    assert isinstance(info.value, KeyError)
