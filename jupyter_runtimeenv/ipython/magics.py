@@ -188,12 +188,10 @@ class RuntimeEnvMagics(Magics):
     def _build(self, spec: RuntimeEnvSpec) -> None:
         """Build ``spec`` as the first task will see it; the default is unchanged on failure."""
         from ..client import get_client
-        from ..workers.executor import resolve_driver_sys_path
+        from ..workers.executor import resolve_for_driver
         from .progress import build_now
 
-        resolved = spec
-        if spec.driver_sys_path is True:
-            resolved = merge(spec, {"driver_sys_path": list(resolve_driver_sys_path())})
+        resolved = resolve_for_driver(spec)
         self._builds += 1
         holder = f"runtime_env-magic:{os.getpid()}:{self._builds}"
         try:

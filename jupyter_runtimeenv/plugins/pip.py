@@ -1,5 +1,5 @@
-"""``pip`` (and Ray's ``uv``): a venv with the requested packages, layered over the agent's
-environment by default.
+"""``pip`` (and Ray's ``uv``): a venv with the requested packages, layered over the driver's
+environment by default (``driver_python``, which the driver fills in; else the agent's).
 
 Who calls it: ``spec.parse`` (``validate``) and the agent (``uris``, ``create``,
 ``modify_context``). The venv is made with ``uv venv --relocatable`` directly in the build's
@@ -8,15 +8,16 @@ package cache shared by every env of the cache root (hardlinks), or with pip whe
 ``config.installer`` is ``"pip"``. The installer's output streams into the env's log.
 
 Layering: a ``.pth`` file in the venv's site-packages runs ``site.addsitedir`` on the
-agent's own site-packages, so the order is the venv's packages, then the parent env's
-(its ``.pth`` files included: editable installs work), then the base interpreter's.
-``--system-site-packages`` would layer over the *base* interpreter instead, skipping a venv
-the agent runs in. ``config.isolated`` gives a bare venv that still sees cloudpickle and
-this package (see ``_support``). The ``.pth`` is written after the install, so installers
-see only the venv and install every requested package into it.
+site-packages of the interpreter the venv is made from (``driver_python``, else the agent's), so
+the order is the venv's packages, then that parent env's (its ``.pth`` files included:
+editable installs work), then its base interpreter's. ``--system-site-packages`` would layer
+over the *base* interpreter instead, skipping the venv the driver runs in.
+``config.isolated`` gives a bare venv that still sees cloudpickle and this package (see
+``_support``). The ``.pth`` is written after the install, so installers see only the venv
+and install every requested package into it.
 
-The resource URI is a hash of the normal request, the Python it runs on and isolation —
-not the installer: uv and pip give the same environment.
+The resource URI is a hash of the normal request, the Python it runs on and isolation — not
+the installer: uv and pip give the same environment.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..context import ContextBuilder
 from ..errors import BuildError
 from ..spec.model import sha256_of
 from . import _requirements as reqs
+from ._interpreter import Interpreter, interpreter
 from ._support import write_support
 from ._uv import installer_env, uv_bin
 from .base import BuildContext, RuntimeEnvPlugin
@@ -45,27 +47,24 @@ if TYPE_CHECKING:
 PARENT_PTH = "_jupyter_runtimeenv_parent.pth"
 SUPPORT_PTH = "_jupyter_runtimeenv_support.pth"
 
-__all__ = ["PipPlugin", "venv_python", "venv_site_packages"]
+__all__ = ["PipPlugin", "base_of", "venv_python", "venv_site_packages"]
 
 
 def venv_python(venv: str | Path) -> str:
     return os.path.join(venv, "Scripts" if os.name == "nt" else "bin", "python")
 
 
-def venv_site_packages(venv: str | Path) -> Path:
-    # The venv runs the agent's Python version: the same scheme gives its layout.
+def venv_site_packages(venv: str | Path, version: tuple[int, ...] | None = None) -> Path:
+    """Where a venv of ``version`` (default: the agent's Python) keeps its packages."""
+    if version is not None and version[:2] != sys.version_info[:2] and os.name != "nt":
+        return Path(venv, "lib", f"python{version[0]}.{version[1]}", "site-packages")
+    # The agent's own version: its scheme gives the layout.
     return Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
 
 
-def parent_site_dirs() -> list[str]:
-    """The site-packages of the environment the agent runs in, in ``sys.path`` order."""
-    import site
-
-    dirs = [*site.getsitepackages()]
-    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
-        dirs.append(site.getusersitepackages())
-    ordered = [p for p in sys.path if p in dirs]
-    return ordered + [p for p in dirs if p not in ordered]
+def base_of(spec: RuntimeEnvSpec) -> Interpreter:
+    """The interpreter a venv of ``spec`` is made from. Blocking (it may run it)."""
+    return interpreter(spec.get("driver_python"))
 
 
 class PipPlugin(RuntimeEnvPlugin):
@@ -80,14 +79,15 @@ class PipPlugin(RuntimeEnvPlugin):
         return reqs.normalize(value)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
+        base = base_of(spec)
         key: dict[str, Any] = {
             "request": value,
-            "python": [sys.implementation.name, *sys.version_info[:3]],
+            "python": [base.implementation, *base.version],
             "isolated": spec.config.isolated,
         }
         if not spec.config.isolated:
             # A layered venv depends on which environment it is layered over.
-            key["parent"] = sys.prefix
+            key["parent"] = base.prefix
         return [f"pip:{sha256_of(key)[:32]}"]
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
@@ -95,10 +95,11 @@ class PipPlugin(RuntimeEnvPlugin):
         installer = build.spec.config.installer
         env = installer_env(build.cache_root)
         python = venv_python(venv)
+        base = await build.to_thread(base_of, build.spec)
         async with build.limit("install"):
             await build.run(
                 [
-                    *(uv_bin(), "venv", str(venv), "--python", sys.executable),
+                    *(uv_bin(), "venv", str(venv), "--python", base.executable),
                     *("--relocatable", "--no-project", "--no-config"),
                 ],
                 env=env,
@@ -110,7 +111,7 @@ class PipPlugin(RuntimeEnvPlugin):
             if installer == "pip":
                 final = build.resource_path(uri)
                 await build.to_thread(_fix_scripts, venv, final)
-            await build.to_thread(_check_support, venv_site_packages(venv))
+            await build.to_thread(_check_support, venv_site_packages(venv, base.version))
             if value["pip_check"]:
                 check = (
                     [uv_bin(), "pip", "check", "--python", python]
@@ -118,7 +119,7 @@ class PipPlugin(RuntimeEnvPlugin):
                     else [sys.executable, "-m", "pip", "--python", python, "check"]
                 )
                 await build.run(check, env=env, cwd=venv, what="pip check")
-        await build.to_thread(_write_pth, venv, build.spec.config.isolated)
+        await build.to_thread(_write_pth, venv, base, build.spec.config.isolated)
         return 0
 
     async def _install(
@@ -202,8 +203,8 @@ def _check_support(site_packages: Path) -> None:
                 )
 
 
-def _write_pth(venv: Path, isolated: bool) -> None:
-    site_packages = venv_site_packages(venv)
+def _write_pth(venv: Path, base: Interpreter, isolated: bool) -> None:
+    site_packages = venv_site_packages(venv, base.version)
     site_packages.mkdir(parents=True, exist_ok=True)
     if isolated:
         support = write_support(venv / "support")
@@ -211,7 +212,7 @@ def _write_pth(venv: Path, isolated: bool) -> None:
         # the request installed wins), relative to site-packages: the venv moves after this.
         (site_packages / SUPPORT_PTH).write_text(f"{os.path.relpath(support, site_packages)}\n")
         return
-    lines = [f"import site; site.addsitedir({d!r})" for d in parent_site_dirs()]
+    lines = [f"import site; site.addsitedir({d!r})" for d in base.site_dirs]
     (site_packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
 
 

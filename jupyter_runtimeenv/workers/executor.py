@@ -134,7 +134,7 @@ class LocalExecutor(Executor):
             superseded = self._pools.get(self._current.get(spec.env_id, key))
             if superseded is pool:
                 superseded = None
-            resolved = spec if paths is None else merge(spec, {"driver_sys_path": list(paths)})
+            resolved = resolve_for_driver(spec, paths)
             pool = self._new_pool(resolved)
             self._pools[key] = pool
             self._current[spec.env_id] = key
@@ -171,7 +171,21 @@ def _close_pools(pools: dict[Any, Pool]) -> None:
     pools.clear()
 
 
-# -- the driver's sys.path ------------------------------------------------------------------
+# -- the driver's sys.path and interpreter -------------------------------------------------
+
+
+def resolve_for_driver(spec: RuntimeEnvSpec, paths: Sequence[str] | None = None) -> RuntimeEnvSpec:
+    """``spec`` as this driver sends it to the agent: ``driver_sys_path: true`` becomes the
+    driver's entries (``paths``, default: resolved now), and ``driver_python`` defaults to
+    this interpreter, so a ``pip`` env layers over the driver's packages even when the agent
+    runs on another interpreter (the Jupyter server's)."""
+    extra: dict[str, Any] = {}
+    if spec.driver_sys_path is True:
+        extra["driver_sys_path"] = list(resolve_driver_sys_path() if paths is None else paths)
+    if "driver_python" not in spec and "conda" not in spec:
+        extra["driver_python"] = sys.executable
+    return merge(spec, extra) if extra else spec
+
 
 _memo: tuple[tuple[str, ...], str | None, tuple[str, ...]] | None = None
 _memo_lock = threading.Lock()
