@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
@@ -95,12 +96,29 @@ class RuntimeEnvProvisioner(LocalProvisioner):
     async def _acquire(self) -> EnvContext:
         if self.context is not None:
             return self.context  # a restart: same env, reference already held
+        spec = spec_for_kernel(self.runtime_env, list(self.kernel_spec.argv))
         agent = await local_agent()
         if agent is not None:
-            self.context = await agent.get_or_create(dict(self.runtime_env), self.holder)
+            self.context = await agent.get_or_create(spec, self.holder)
         else:
-            self.context = await get_client().acquire(dict(self.runtime_env), self.holder)
+            self.context = await get_client().acquire(spec, self.holder)
         return self.context
+
+
+def spec_for_kernel(runtime_env: Mapping[str, Any], argv: list[str]) -> dict[str, Any]:
+    """The kernelspec's runtime env, built on the kernelspec's own interpreter when its argv
+    names one by absolute path: the kernel is the driver, so its ``pip`` env layers over the
+    kernel's environment rather than the server's (``driver_python``)."""
+    spec = dict(runtime_env)
+    python = argv[0] if argv else ""
+    if (
+        "driver_python" not in spec
+        and "conda" not in spec
+        and os.path.isabs(python)
+        and os.access(python, os.X_OK)
+    ):
+        spec["driver_python"] = python
+    return spec
 
 
 def kernel_command(ctx: EnvContext, cmd: list[str]) -> list[str]:

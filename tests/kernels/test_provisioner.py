@@ -18,7 +18,7 @@ from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import RuntimeEnvError, SpecError
 from jupyter_runtimeenv.kernels import PROVISIONER_NAME, install_kernelspec
 from jupyter_runtimeenv.kernels.kernelspec import with_ipykernel
-from jupyter_runtimeenv.kernels.provisioner import BOOTSTRAP, kernel_command
+from jupyter_runtimeenv.kernels.provisioner import BOOTSTRAP, kernel_command, spec_for_kernel
 
 
 @pytest.fixture
@@ -126,3 +126,14 @@ def test_kernel_command_uses_the_env_interpreter_prefix_and_bootstrap() -> None:
     ]  # fmt: skip
     with pytest.raises(RuntimeEnvError, match="Python interpreter"):
         kernel_command(plain, ["node", "kernel.js"])
+
+
+def test_the_kernel_interpreter_is_the_driver_python() -> None:
+    env = {"pip": ["alpha"]}
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert spec_for_kernel(env, argv) == {**env, "driver_python": sys.executable}
+    # A bare command name, an explicit choice or conda: left as they are.
+    assert spec_for_kernel(env, ["python3", "-m", "ipykernel"]) == env
+    given = {**env, "driver_python": "/opt/py/bin/python"}
+    assert spec_for_kernel(given, argv) == given
+    assert "driver_python" not in spec_for_kernel({"conda": "base"}, argv)
