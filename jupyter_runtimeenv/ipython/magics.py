@@ -7,6 +7,10 @@ The flags become a spec that is merged over the current default (``spec.merge``:
 client and with the same resolved ``driver_sys_path`` that the first task will use, so
 that task finds it ready. The magic keeps one reference on the environment it built and
 drops it when the default changes. Bad input is one ``UsageError`` line naming the field.
+
+The build shows in a ``BuildStatusWidget`` (``widget.py``) when the shell is a kernel's
+(``widgets_available``), as text lines otherwise or with ``--no-widget``; the summary
+line is printed as text either way.
 """
 
 from __future__ import annotations
@@ -130,6 +134,8 @@ class RuntimeEnvMagics(Magics):
         #: (env id, holder) of the environment the last eager build took a reference on.
         self._held: tuple[str, str] | None = None
         self._builds = 0
+        #: Show builds in a widget: ``None`` decides by the shell (``widgets_available``).
+        self.widget: bool | None = None
 
     @magic_arguments()
     @argument("--pip", action="extend", nargs="+", metavar="REQ", help="requirements to install")
@@ -153,6 +159,7 @@ class RuntimeEnvMagics(Magics):
     )
     @argument("--no-eager-install", action="store_true", help="build at the first task, not now")
     @argument("--clear", action="store_true", help="forget the default runtime env")
+    @argument("--no-widget", action="store_true", help="show the build as text, not a widget")
     @line_magic
     def runtime_env(self, line: str) -> None:
         """Set, merge, show (no arguments) or clear the notebook's default runtime env.
@@ -180,12 +187,19 @@ class RuntimeEnvMagics(Magics):
             # One line: some reasons (packaging's) add a caret diagram below.
             raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
         if spec.config.eager_install:
-            self._build(spec)
+            self._build(spec, widget=not args.no_widget and self._widgets())
         api.init(runtime_env=spec)
         if not spec.config.eager_install:
             print(f"default runtime env {spec.env_id[:12]} set (built at the first task)")
 
-    def _build(self, spec: RuntimeEnvSpec) -> None:
+    def _widgets(self) -> bool:
+        if self.widget is not None:
+            return self.widget
+        from .widget import widgets_available
+
+        return widgets_available(self.shell)
+
+    def _build(self, spec: RuntimeEnvSpec, *, widget: bool = False) -> None:
         """Build ``spec`` as the first task will see it; the default is unchanged on failure."""
         from ..client import get_client
         from ..workers.executor import resolve_for_driver
@@ -195,7 +209,10 @@ class RuntimeEnvMagics(Magics):
         self._builds += 1
         holder = f"runtime_env-magic:{os.getpid()}:{self._builds}"
         try:
-            summary = build_now(resolved, get_client(), holder, sys.stdout)
+            if widget:
+                summary = _build_in_widget(resolved, holder)
+            else:
+                summary = build_now(resolved, get_client(), holder, sys.stdout)
         except BuildError as exc:
             raise UsageError(
                 f"runtime_env: build failed (the default was not changed): {exc}"
@@ -216,3 +233,22 @@ class RuntimeEnvMagics(Magics):
         # RuntimeEnvError: the agent is gone, and its references went with it.
         with contextlib.suppress(RuntimeEnvError):
             get_client().release_sync(*held)
+
+
+def _build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
+    """``build_now`` shown in a ``BuildStatusWidget``, displayed now and updated at the end
+    (the update refreshes its text/plain form for text-only frontends and saved notebooks)."""
+    import IPython.display
+
+    from ..client import get_client
+    from .progress import build_now
+    from .widget import BuildStatusWidget
+
+    widget = BuildStatusWidget(spec.env_id)
+    display: Any = IPython.display.display  # untyped
+    handle = display(widget, display_id=True)
+    try:
+        return build_now(spec, get_client(), holder, sys.stdout, widget)
+    finally:
+        if handle is not None:
+            handle.update(widget)

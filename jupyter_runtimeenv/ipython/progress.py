@@ -5,6 +5,10 @@ With the embedded agent the build's events (``agent.add_listener``) are queued b
 agent's loop thread and printed by the calling thread, so every line lands in the cell
 that ran the magic; with the server's agent (REST, no event stream to the kernel) only a
 concise line before and the summary after are printed.
+
+Given a ``BuildStatusWidget`` (``widget.py``), the same events go to the widget instead of
+``out``; with the server's agent the widget is fed by polling ``GET envs/{id}`` and the
+build log every ``POLL_SECONDS`` until the build ends.
 """
 
 from __future__ import annotations
@@ -13,16 +17,23 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..agent.events import Event
 from ..client import AgentClient, EmbeddedClient
 from ..context import EnvContext
+from ..errors import BuildError, RuntimeEnvError
 from ..spec import RuntimeEnvSpec
 
+if TYPE_CHECKING:
+    from .widget import BuildStatusWidget
+
 __all__ = ["BuildSummary", "build_now", "format_event"]
+
+#: How often the widget asks the server's agent for the build's state and log.
+POLL_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -41,43 +52,95 @@ class BuildSummary:
         )
 
 
-def build_now(spec: RuntimeEnvSpec, client: AgentClient, holder: str, out: TextIO) -> BuildSummary:
-    """Acquire ``spec`` for ``holder`` through ``client``, printing progress to ``out``.
+def build_now(
+    spec: RuntimeEnvSpec,
+    client: AgentClient,
+    holder: str,
+    out: TextIO,
+    widget: BuildStatusWidget | None = None,
+) -> BuildSummary:
+    """Acquire ``spec`` for ``holder`` through ``client``, printing progress to ``out``
+    (or showing it in ``widget``, which is finished with the outcome either way).
 
     Raises what the acquisition raises (``BuildError``, ``AgentUnavailable`` ...).
     """
     events: queue.Queue[Event] = queue.Queue()
     unsubscribe: Callable[[], None] | None = None
+    env_id = spec.env_id
     if isinstance(client, EmbeddedClient):
-        env_id = spec.env_id
         unsubscribe = client.agent.add_listener(
             lambda event: events.put(event) if event.env_id == env_id else None
         )
-    else:
-        print(f"building {spec.env_id[:12]} on the Jupyter server's agent ...", file=out)
+    elif widget is None:
+        print(f"building {env_id[:12]} on the Jupyter server's agent ...", file=out)
+    poll = _poller(client, env_id, widget) if widget is not None and unsubscribe is None else None
     started = time.perf_counter()
     built = False
     try:
         future = _in_thread(lambda: client.acquire_sync(spec, holder))
+        next_poll = started
         while True:
             done = future.done()
             try:
                 while True:
-                    event = events.get(timeout=0 if done else 0.1)
+                    event = events.get(timeout=0 if done or poll else 0.1)
                     built = built or (event.kind == "state" and event.data["state"] == "BUILDING")
+                    if widget is not None:
+                        widget.handle(event)
+                        continue
                     text = format_event(event)
                     if text is not None:
                         print(text, file=out, flush=True)
             except queue.Empty:
                 pass
+            if poll is not None and (done or time.perf_counter() >= next_poll):
+                next_poll = time.perf_counter() + POLL_SECONDS
+                poll()
             if done:
                 break
-        context = future.result()
+            if widget is not None:
+                widget.refresh()  # output lines coalesced since the last push
+            if poll is not None:
+                wait([future], timeout=POLL_SECONDS)
+        try:
+            context = future.result()
+        except BuildError as exc:
+            if widget is not None:
+                widget.finish("FAILED", time.perf_counter() - started, exc.to_json())
+            raise
+        except BaseException:
+            if widget is not None:
+                widget.finish("FAILED", time.perf_counter() - started)
+            raise
     finally:
         if unsubscribe is not None:
             unsubscribe()
     cached = unsubscribe is not None and not built
-    return BuildSummary(spec.env_id, context, time.perf_counter() - started, cached)
+    seconds = time.perf_counter() - started
+    if widget is not None:
+        widget.finish("READY", seconds)
+    return BuildSummary(spec.env_id, context, seconds, cached)
+
+
+def _poller(
+    client: AgentClient, env_id: str, widget: BuildStatusWidget
+) -> Callable[[], None] | None:
+    """A function feeding the widget a snapshot of ``env_id`` from a client that can tell one
+    (the server's: ``env_status_sync`` and ``log_sync``); ``None`` for others."""
+    status = getattr(client, "env_status_sync", None)
+    log = getattr(client, "log_sync", None)
+    if status is None or log is None:
+        return None
+
+    def poll() -> None:
+        try:
+            env = status(env_id)
+            text = log(env_id)
+        except RuntimeEnvError:  # not known yet (the POST is on its way), or unreachable
+            return
+        widget.apply_status(env, text)
+
+    return poll
 
 
 def format_event(event: Event) -> str | None:

@@ -110,6 +110,11 @@ class ServerClient:
         envs: list[dict[str, Any]] = self._request("GET", "envs")["envs"]
         return envs
 
+    def env_status_sync(self, env_id: str) -> dict[str, Any]:
+        """One env: state, holders, steps, context once READY, error once FAILED."""
+        env: dict[str, Any] = self._request("GET", f"envs/{_quote(env_id)}")
+        return env
+
     def log_sync(self, env_id: str) -> str:
         text: str = self._request("GET", f"envs/{_quote(env_id)}/log", text=True)
         return text

@@ -1,0 +1,212 @@
+"""``BuildStatusWidget``: an environment build shown live in the cell that asked for it.
+
+Who calls it: ``%runtime_env`` (``magics.py``) when the kernel's frontend can show widgets;
+``progress.build_now`` feeds it. With the embedded agent it gets the agent's events
+(``handle``), drained on the thread that runs the cell; with the server's agent it gets
+polled snapshots of ``GET envs/{id}`` and the build log (``apply_status``). Either way
+``refresh`` pushes the new state to the frontend at most every ``REFRESH_SECONDS``, so an
+installer printing thousands of lines costs a handful of comm messages.
+
+The text/plain form (``text()``) is what a text-only frontend shows, e.g. the headless
+quickstart: the header, the steps with their final status, and the installer output's tail,
+written like the text progress of ``--no-widget``.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections import deque
+from typing import Any
+
+import ipywidgets
+
+from ..agent.events import Event
+from .progress import format_event
+
+__all__ = ["BuildStatusWidget", "widgets_available"]
+
+#: Lines of installer output the widget keeps (and shows).
+TAIL_LINES = 200
+#: The least time between two pushes of the output text to the frontend.
+REFRESH_SECONDS = 0.1
+
+_ICONS = {
+    "running": "&#9203;",  # hourglass
+    "done": "&#10004;",  # check mark
+    "cached": "&#10004;",
+    "failed": "&#10008;",  # cross
+    "cancelled": "&#8856;",  # circled slash
+}
+_COLORS = {"READY": "green", "FAILED": "#c00", "BUILDING": "#b60", "PENDING": "gray"}
+
+
+def widgets_available(shell: Any) -> bool:
+    """True in an ipykernel kernel (a frontend that may show widgets) with ipywidgets."""
+    if type(shell).__name__ != "ZMQInteractiveShell" or getattr(shell, "kernel", None) is None:
+        return False
+    try:
+        import comm
+
+        return callable(comm.create_comm)
+    except ImportError:  # pragma: no cover - ipykernel depends on comm
+        return False
+
+
+class BuildStatusWidget:
+    """Header, steps and installer output of one env's build, as ipywidgets.
+
+    Composition rather than a ``VBox`` subclass (ipywidgets is untyped); display the object
+    itself, or put ``.box`` into a layout.
+    """
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self.state = "PENDING"
+        #: step name -> the agent's step entry (status, started, ended, ...).
+        self.steps: dict[str, dict[str, Any]] = {}
+        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self.error: dict[str, Any] | None = None
+        #: The build went through BUILDING here (not served from a cache).
+        self.built = False
+        self._started = time.monotonic()
+        self._seconds: float | None = None
+        self._pushed = 0.0
+        self.header = ipywidgets.HTML()
+        self.table = ipywidgets.HTML()
+        self.output = ipywidgets.Textarea(
+            disabled=True,
+            rows=10,
+            layout=ipywidgets.Layout(width="100%"),
+        )
+        self.box = ipywidgets.VBox([self.header, self.table, self.output])
+        self.refresh(force=True)
+
+    # -- input ----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> None:
+        """Take one agent event (state, step or log) of this env; others are ignored."""
+        if event.env_id != self.env_id:
+            return
+        data = event.data
+        if event.kind == "state":
+            self.state = str(data["state"])
+            self.built = self.built or self.state == "BUILDING"
+            if data.get("error"):
+                self._set_error(dict(data["error"]))
+        elif event.kind == "step":
+            entry = {k: v for k, v in data.items() if k != "step"}
+            self.steps.setdefault(str(data["step"]), {}).update(entry)
+        elif event.kind == "log":
+            self.lines.append(str(data["line"]))
+        self.refresh()
+
+    def apply_status(self, env: dict[str, Any], log: str) -> None:
+        """Take a snapshot: an env as ``GET envs/{id}`` answers and its build log's text."""
+        self.state = str(env.get("state", self.state))
+        self.built = self.built or self.state == "BUILDING" or bool(env.get("steps"))
+        self.steps = {name: dict(entry) for name, entry in (env.get("steps") or {}).items()}
+        self.lines = deque(log.splitlines()[-TAIL_LINES:], maxlen=TAIL_LINES)
+        if env.get("error"):
+            self._set_error(dict(env["error"]))
+        self.refresh(force=True)  # snapshots come every 0.3 s: each one is pushed
+
+    def finish(self, state: str, seconds: float, error: dict[str, Any] | None = None) -> None:
+        """The build's outcome, as the caller saw it; pushes everything to the frontend."""
+        self.state = state
+        self._seconds = seconds
+        if error is not None:
+            self._set_error(error)
+        self.refresh(force=True)
+
+    def _set_error(self, error: dict[str, Any]) -> None:
+        self.error = error
+        if not self.lines:  # no output seen (e.g. a failure remembered by the agent)
+            self.lines.extend(str(line) for line in error.get("output_tail") or [])
+
+    # -- output ---------------------------------------------------------------------------
+
+    @property
+    def seconds(self) -> float:
+        if self._seconds is not None:
+            return self._seconds
+        return time.monotonic() - self._started
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Push the state to the widgets: at once if ``force``, else at most every 0.1 s."""
+        now = time.monotonic()
+        if not force and now - self._pushed < REFRESH_SECONDS:
+            return
+        self._pushed = now
+        color = _COLORS.get(self.state, "black")
+        self.header.value = (
+            f"<b>runtime env <code>{self.env_id[:12]}</code></b> &mdash; "
+            f'<b style="color:{color}">{self.state}</b> ({self.seconds:.1f} s)'
+        )
+        self.table.value = self._table_html()
+        text = "\n".join(self.lines)
+        if self.output.value != text:
+            self.output.value = text
+
+    def _table_html(self) -> str:
+        rows = []
+        for name, entry in self.steps.items():
+            status = str(entry.get("status", ""))
+            seconds = _duration(entry)
+            rows.append(
+                "<tr>"
+                f'<td style="padding:0 6px">{_ICONS.get(status, "")}</td>'
+                f"<td><code>{html.escape(name)}</code></td>"
+                f'<td style="padding:0 6px">{html.escape(status)}</td>'
+                f"<td>{'' if seconds is None else f'{seconds:.1f} s'}</td>"
+                "</tr>"
+            )
+        error = ""
+        if self.error:
+            message = html.escape(str(self.error.get("message", "")))
+            step = html.escape(str(self.error.get("step", "")))
+            error = (
+                '<div style="color:#c00">'
+                + (f"failed step <code>{step}</code>: " if step else "")
+                + f"{message}</div>"
+            )
+        return f"<table>{''.join(rows)}</table>{error}" if rows or error else ""
+
+    def text(self) -> str:
+        """The text/plain form: header, steps, error and output tail, one per line."""
+        out = [f"building runtime env {self.env_id[:12]}"] if self.built else []
+        for name, entry in self.steps.items():
+            line = format_event(Event("step", self.env_id, {**entry, "step": name}))
+            if line is not None:
+                out.append(line)
+        out.extend(f"    {line}" for line in self.lines)
+        if self.error:
+            step = self.error.get("step")
+            out.append(
+                f"  failed step {step}: {self.error.get('message', '')}"
+                if step
+                else f"  failed: {self.error.get('message', '')}"
+            )
+        out.append(f"runtime env {self.env_id[:12]} — {self.state} ({self.seconds:.1f} s)")
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle: dict[str, Any] = dict(self.box._repr_mimebundle_(**kwargs))
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    def close(self) -> None:
+        """Close the widgets' comms (the frontend drops the view)."""
+        self.box.close()
+        for child in (self.header, self.table, self.output):
+            child.close()
+
+
+def _duration(entry: dict[str, Any]) -> float | None:
+    started, ended = entry.get("started"), entry.get("ended")
+    if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
+        return max(0.0, float(ended) - float(started))
+    return None
