@@ -14,41 +14,15 @@ from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
-from wheelhouse import make_wheelhouse, offline_installers
+from wheelhouse import offline_installers
 
-from jupyter_runtimeenv.agent import RuntimeEnvAgent
-from jupyter_runtimeenv.client import EmbeddedClient, set_client
+from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.errors import BuildError
 from jupyter_runtimeenv.ipython.magics import RuntimeEnvMagics
 from jupyter_runtimeenv.ipython.progress import build_now
 from jupyter_runtimeenv.ipython.widget import BuildStatusWidget, widgets_available
 from jupyter_runtimeenv.spec import parse
 from jupyter_runtimeenv.workers import api
-
-
-@pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "jupyter_runtimeenv")
-    return ip
-
-
-@pytest.fixture(autouse=True)
-def agent(cache_dir: Path) -> Iterator[EmbeddedClient]:
-    client = EmbeddedClient(RuntimeEnvAgent(cache_dir))
-    old = set_client(client)
-    yield client
-    api.shutdown()
-    set_client(old)
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
 
 
 @pytest.fixture
