@@ -9,14 +9,12 @@ it as the base of its venv; ``conda`` and ``py_executable`` override it.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
 from ..context import ContextBuilder
 from ..errors import SpecError
-from ..spec.paths import resolve_path
+from ..spec.paths import find_executable
 from .base import RuntimeEnvPlugin
 
 
@@ -30,8 +28,8 @@ class DriverPythonPlugin(RuntimeEnvPlugin):
     def validate(self, value: Any) -> str:
         if not isinstance(value, str) or not value:
             raise SpecError("", f"expected the path of a Python executable, got {value!r}")
-        path = resolve_path(value) if os.sep in value else shutil.which(value)
-        if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        path = find_executable(value)
+        if path is None:
             raise SpecError("", f"{value!r} is not an executable file")
         return path
 

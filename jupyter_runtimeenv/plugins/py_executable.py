@@ -9,6 +9,7 @@ from typing import Any
 
 from ..context import ContextBuilder
 from ..errors import SpecError
+from ..spec.paths import find_executable
 from .base import RuntimeEnvPlugin
 
 
@@ -21,12 +22,12 @@ class PyExecutablePlugin(RuntimeEnvPlugin):
     def validate(self, value: Any) -> str:
         if not isinstance(value, str) or not value:
             raise SpecError("", f"expected a path or a command name, got {value!r}")
-        found = shutil.which(value)
+        found = find_executable(value)
         if found is None:
             raise SpecError("", f"{value!r} is not an executable file or a command on PATH")
         # Keep the name the user gave when it is a command (PATH may differ per machine);
         # make paths absolute so that the env id does not depend on the caller's cwd.
-        return os.path.abspath(value) if os.sep in value else value
+        return found if os.sep in value else value
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         ctx.python = shutil.which(value) or value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +19,15 @@ def resolve_path(path: str) -> str:
     if os.path.isabs(path):
         return os.path.normpath(path)
     return os.path.normpath(os.path.join(_base_dir.get() or os.getcwd(), path))
+
+
+def find_executable(value: str) -> str | None:
+    """The absolute path of an executable given as a path (relative to the spec's base
+    directory) or as a command on ``PATH``; None if there is none."""
+    path = resolve_path(value) if os.sep in value else shutil.which(value)
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        return None
+    return path
 
 
 @contextmanager
