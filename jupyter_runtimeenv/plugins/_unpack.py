@@ -1,10 +1,31 @@
-"""Safe unzipping for ``working_dir`` and ``py_modules`` archives.
+"""Safe unpacking of archives for ``working_dir`` and ``py_modules``.
 
-Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks).
+Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks). Any archive
+reader (zip here; tar and wheel readers the same way) feeds its members to one
+``SafeTree``, which owns every rule below, so the rules live in one place.
 
-A zip comes from a user or a web server: its member names are refused when absolute, when
-they have ``..`` components or a drive, and symlink members are refused when their target
-leaves the extraction root (zip-slip). Files are never written through a symlink.
+An archive comes from a user or a web server. The rule (zip-slip and symlink escapes):
+
+- a member's name must be relative, without ``..`` and without a drive;
+- nothing is written through a symlink that leads outside the root: before each write the
+  parent directory is resolved against the real file system as it stands (``realpath``
+  follows every link already extracted, chains included), and the member itself is never
+  a symlink (files are opened ``O_NOFOLLOW | O_EXCL``);
+- a symlink member is kept only if it stays inside the root after full resolution: its
+  target must be relative, and resolving it on disk must land inside. Because a link
+  extracted later can change how an earlier one resolves (``a -> x/y/../..`` is inside
+  while ``x`` does not exist, and escapes once ``x -> .`` appears), every link is resolved
+  again when the archive is complete (``SafeTree.finish``), when the file system no
+  longer changes; one link outside fails the whole archive.
+
+Why not refuse links outright: real projects ship them (``lib.so -> lib.so.1``, a shared
+``data`` directory linked into two packages), and a link that resolves inside the
+finished tree gives a worker nothing it could not read anyway. Why not only check the text
+of the target: chains of links defeat it (that was the bug).
+
+Hardlinks (tar) are accepted only to a regular file already extracted inside the root.
+Modes: the executable bit and owner-only access are kept (a 0600 member stays 0600);
+nothing is made wider than the archive says, and nothing group/other-writable.
 """
 
 from __future__ import annotations
@@ -14,77 +35,176 @@ import shutil
 import stat
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from ..errors import BuildError
 
-__all__ = ["flatten_single_dir", "safe_unzip"]
+__all__ = ["SafeTree", "flatten_single_dir", "member_path", "safe_unzip"]
 
 
-def safe_unzip(archive: str | Path, dest: Path) -> int:
-    """Extract ``archive`` into ``dest`` (which exists); returns the bytes written.
-
-    ``BuildError`` naming the member for anything that would land outside ``dest``.
-    """
-    root = os.path.realpath(dest)
-    written = 0
-    try:
-        zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise BuildError(f"{archive} is not a readable zip file: {exc}") from exc
-    with zf:
-        for info in zf.infolist():
-            rel = _member_path(info.filename)
-            if rel is None:
-                continue
-            out = os.path.join(root, *rel.parts)
-            _check_inside(root, os.path.dirname(out), info.filename)
-            mode = (info.external_attr >> 16) & 0xFFFF
-            if info.is_dir():
-                os.makedirs(out, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            if stat.S_ISLNK(mode):
-                target = zf.read(info).decode("utf-8", "surrogateescape")
-                resolved = os.path.normpath(os.path.join(os.path.dirname(out), target))
-                if os.path.isabs(target) or not _inside(root, resolved):
-                    raise BuildError(
-                        f"refusing to unpack {info.filename!r}: it is a symlink to {target!r},"
-                        " outside the archive's root"
-                    )
-                os.symlink(target, out)
-                continue
-            if os.path.lexists(out):
-                if os.path.islink(out):
-                    raise BuildError(f"refusing to unpack {info.filename!r} through a symlink")
-                os.unlink(out)
-            with zf.open(info) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            written += info.file_size
-            if mode & 0o111:
-                os.chmod(out, 0o755)
-    return written
-
-
-def _member_path(name: str) -> PurePosixPath | None:
-    """The member's relative path, ``None`` for the root itself; refuses escapes."""
+def member_path(name: str) -> PurePosixPath | None:
+    """The member's relative path, ``None`` for the root itself; ``BuildError`` for names
+    that are absolute, have a drive or ``..`` components, or hold a NUL."""
     normalized = name.replace("\\", "/")
     path = PurePosixPath(normalized)
+    if "\0" in normalized:
+        raise BuildError(f"refusing to unpack {name!r}: NUL in a member name")
     if normalized.startswith("/") or (len(normalized) > 1 and normalized[1] == ":"):
-        raise BuildError(f"refusing to unpack {name!r}: absolute paths are not allowed in a zip")
+        raise BuildError(f"refusing to unpack {name!r}: absolute paths are not allowed")
     if ".." in path.parts:
-        raise BuildError(f"refusing to unpack {name!r}: '..' is not allowed in a zip member")
+        raise BuildError(f"refusing to unpack {name!r}: '..' is not allowed in an archive member")
     parts = [p for p in path.parts if p not in ("", ".")]
     return PurePosixPath(*parts) if parts else None
+
+
+def file_mode(mode: int | None) -> int:
+    """The mode a member's file gets: executable bit and owner-only access kept."""
+    perm = (mode or 0) & 0o777
+    executable = bool(perm & 0o111)
+    if perm and not perm & 0o077:  # owner-only in the archive: owner-only on disk
+        return 0o700 if executable else 0o600
+    return 0o755 if executable else 0o644
+
+
+class SafeTree:
+    """Writes archive members below ``root`` (an existing directory), refusing anything
+    that would be written or point outside it. Call ``finish()`` after the last member."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.realpath(root)
+        self.written = 0
+        self._links: list[tuple[str, str]] = []  # (path on disk, member name)
+
+    # -- members ----------------------------------------------------------------------------
+
+    def directory(self, name: str) -> None:
+        rel = member_path(name)
+        if rel is None:
+            return
+        out = os.path.join(self.root, *rel.parts)
+        self._check_parent(out, name)
+        if os.path.lexists(out) and not os.path.isdir(out):
+            raise BuildError(f"refusing to unpack {name!r}: a file of that name was unpacked")
+        os.makedirs(out, exist_ok=True)
+        self._check_resolves_inside(out, name, "it would be written outside the root")
+
+    def file(self, name: str, data: IO[bytes], mode: int | None = None) -> int:
+        """Write a regular file from ``data``; returns the bytes written."""
+        out = self._out(name, "a file")
+        self._check_parent(out, name, create=True)
+        self._replace(out, name)
+        fd = os.open(
+            out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+        with os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(data, dst, 1 << 20)
+            size = dst.tell()
+        os.chmod(out, file_mode(mode))
+        self.written += size
+        return size
+
+    def symlink(self, name: str, target: str) -> None:
+        out = self._out(name, "a symlink")
+        if not target or "\0" in target:
+            raise BuildError(f"refusing to unpack {name!r}: a symlink with an empty or bad target")
+        if os.path.isabs(target) or target.replace("\\", "/").startswith("/"):
+            raise BuildError(
+                f"refusing to unpack {name!r}: it is a symlink to {target!r}, outside the"
+                " archive's root (absolute links are not allowed)"
+            )
+        self._check_parent(out, name, create=True)
+        self._replace(out, name)
+        self._check_link_target(os.path.join(os.path.dirname(out), target), name, target)
+        os.symlink(target, out)
+        self._links.append((out, name))
+
+    def hardlink(self, name: str, target_member: str) -> None:
+        """A hardlink to an earlier member (tar): only to a regular file inside the root."""
+        out = self._out(name, "a hardlink")
+        source = self._out(target_member, "a hardlink target")
+        real = os.path.realpath(source)
+        if not _inside(self.root, real) or not os.path.isfile(real):
+            raise BuildError(
+                f"refusing to unpack {name!r}: a hardlink to {target_member!r}, which is not"
+                " a file unpacked inside the archive's root"
+            )
+        self._check_parent(out, name, create=True)
+        self._replace(out, name)
+        os.link(real, out)
+
+    def finish(self) -> int:
+        """Resolve every symlink again in the complete tree; returns the bytes written."""
+        for out, name in self._links:
+            target = os.readlink(out)
+            self._check_link_target(out, name, target)
+        return self.written
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _out(self, name: str, what: str) -> str:
+        rel = member_path(name)
+        if rel is None:
+            raise BuildError(f"refusing to unpack {name!r}: {what} cannot be the root itself")
+        return os.path.join(self.root, *rel.parts)
+
+    def _check_parent(self, out: str, name: str, *, create: bool = False) -> None:
+        # realpath of the parent: a symlink unpacked earlier (or a chain of them) must not
+        # redirect this member outside. Resolved on disk, as open() would.
+        parent = os.path.dirname(out)
+        self._check_resolves_inside(parent, name, "it would be written outside the root")
+        if create:
+            os.makedirs(parent, exist_ok=True)
+            self._check_resolves_inside(parent, name, "it would be written outside the root")
+
+    def _check_resolves_inside(self, path: str, name: str, why: str) -> None:
+        if not _inside(self.root, os.path.realpath(path)):
+            raise BuildError(f"refusing to unpack {name!r}: {why}")
+
+    def _check_link_target(self, link_path: str, name: str, target: str) -> None:
+        if not _inside(self.root, os.path.realpath(link_path)):
+            raise BuildError(
+                f"refusing to unpack {name!r}: it is a symlink to {target!r}, which resolves"
+                " outside the archive's root"
+            )
+
+    def _replace(self, out: str, name: str) -> None:
+        """A later member of the same name replaces a file, never a link or a directory."""
+        if not os.path.lexists(out):
+            return
+        st = os.lstat(out)
+        if stat.S_ISLNK(st.st_mode):
+            raise BuildError(f"refusing to unpack {name!r} through a symlink")
+        if stat.S_ISDIR(st.st_mode):
+            raise BuildError(f"refusing to unpack {name!r}: a directory of that name exists")
+        os.unlink(out)
 
 
 def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
-def _check_inside(root: str, directory: str, name: str) -> None:
-    # realpath of the parent: a symlink member unpacked earlier must not redirect later ones.
-    if not _inside(root, os.path.realpath(directory)):
-        raise BuildError(f"refusing to unpack {name!r}: it would be written outside the root")
+def safe_unzip(archive: str | Path, dest: Path) -> int:
+    """Extract ``archive`` into ``dest`` (which exists); returns the bytes written.
+
+    ``BuildError`` naming the member for anything that would land or point outside ``dest``.
+    """
+    try:
+        zf = zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BuildError(f"{archive} is not a readable zip file: {exc}") from exc
+    tree = SafeTree(dest)
+    with zf:
+        for info in zf.infolist():
+            mode = (info.external_attr >> 16) & 0xFFFF
+            if info.is_dir():
+                tree.directory(info.filename)
+            elif stat.S_ISLNK(mode):
+                target = zf.read(info).decode("utf-8", "surrogateescape")
+                tree.symlink(info.filename, target)
+            else:
+                with zf.open(info) as src:
+                    tree.file(info.filename, src, mode if info.create_system == 3 else None)
+    return tree.finish()
 
 
 def flatten_single_dir(dest: Path) -> None:
