@@ -12,12 +12,14 @@ import argparse
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from .agent import RuntimeEnvAgent
+from .agent import RuntimeEnvAgent, default_cache_dir
+from .agent.private import describe
 from .errors import BuildError, RuntimeEnvError, SpecError
 
 CLI_HOLDER = "cli"
@@ -206,8 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BuildError as exc:
         print(f"error: build failed: {exc}", file=sys.stderr)
         return 1
-    except RuntimeEnvError as exc:
+    except RuntimeEnvError as exc:  # CacheUnavailable too: one line naming the cache
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, sqlite3.Error) as exc:  # the disk filled up (or went away) mid-command
+        root = args.cache_dir or default_cache_dir()
+        print(f"error: cannot use the cache at {root}: {describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

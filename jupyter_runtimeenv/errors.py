@@ -8,6 +8,7 @@
     ├── EnvNotFound(KeyError)        no environment with that id
     ├── EnvInUse                     removing an environment that others still hold
     ├── AgentUnavailable             the agent (server or embedded) cannot be reached
+    ├── CacheUnavailable             the cache cannot be opened or written (full, read-only, ...)
     ├── WorkerError                  a worker process failed to start or to talk
     │   └── BrokenWorker             a worker died or broke the protocol mid-task
     ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
@@ -26,6 +27,7 @@ __all__ = [
     "BrokenWorker",
     "BuildError",
     "BuildTimeout",
+    "CacheUnavailable",
     "EnvInUse",
     "EnvNotFound",
     "PluginNotFound",
@@ -154,6 +156,22 @@ class EnvInUse(RuntimeEnvError):
 
 class AgentUnavailable(RuntimeEnvError):
     """The agent could not be reached."""
+
+
+class CacheUnavailable(RuntimeEnvError):
+    """The cache cannot be used: its root cannot be created, is not private, or the disk
+    under it is full or read-only. ``path`` is the cache root, ``cause`` why, in words."""
+
+    def __init__(self, path: str, cause: str) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(f"cannot use the cache at {path}: {cause}")
+
+    def __str__(self) -> str:
+        return f"cannot use the cache at {self.path}: {self.cause}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CacheUnavailable, (self.path, self.cause))
 
 
 class WorkerError(RuntimeEnvError):

@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     path = tmp_path / "cache"
-    path.mkdir()
+    path.mkdir(mode=0o700)  # owner-only, as the agent makes it (a wider one gets a warning)
     return path
 
 

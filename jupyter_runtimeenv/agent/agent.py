@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..context import ContextBuilder, EnvContext
-from ..errors import BuildError, BuildTimeout, EnvInUse, EnvNotFound, RuntimeEnvError
+from ..errors import (
+    BuildError,
+    BuildTimeout,
+    CacheUnavailable,
+    EnvInUse,
+    EnvNotFound,
+    RuntimeEnvError,
+)
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry, default_registry
 from ..spec import RuntimeEnvSpec, parse
@@ -25,6 +33,7 @@ from .build import EnvLog
 from .cache import Cache
 from .events import Event, EventBus, Listener
 from .limits import Limiter
+from .private import describe
 from .resources import ResourceJob, Resources
 from .state import EnvRecord, EnvState, EnvStateMachine, Transition
 
@@ -72,8 +81,13 @@ class RuntimeEnvAgent:
     async def start(self) -> None:
         """Open the cache and sweep what interrupted builds left. Called by the owner."""
         if self._cache is None:
-            self._cache = await asyncio.to_thread(Cache, self._cache_dir)
-            await asyncio.to_thread(self._cache.sweep)
+            cache = await asyncio.to_thread(Cache, self._cache_dir)  # CacheUnavailable
+            try:
+                await asyncio.to_thread(cache.sweep)
+            except (OSError, sqlite3.Error) as exc:
+                await asyncio.to_thread(cache.close)
+                raise CacheUnavailable(str(cache.root), describe(exc)) from exc
+            self._cache = cache
 
     async def stop(self) -> None:
         """Cancel every build (killing its processes), drop this process's references, close."""

@@ -48,7 +48,9 @@ class EnvLog:
 
 
 def _append(path: Path, lines: list[str]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
+    # Owner-only: installer output may show paths, index URLs with credentials, env values.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with open(fd, "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
 

@@ -34,6 +34,9 @@ from typing import Any
 import filelock
 import platformdirs
 
+from ..errors import CacheUnavailable
+from .private import PRIVATE_DIR, describe, prepare_root, tighten_index
+
 CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
 
 _SCHEMA = """
@@ -101,19 +104,35 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Cache:
-    """The cache at ``root``; safe to share between threads and between processes."""
+    """The cache at ``root``; safe to share between threads and between processes.
+
+    The root is owner-only (see ``private``). ``CacheUnavailable`` (naming the root and the
+    cause) when it cannot be opened: full or read-only disk, not ours, not a directory.
+    """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
-        for sub in ("resources", "tmp", "locks", "logs", "shared"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            self.root / "index.sqlite", timeout=30, check_same_thread=False, isolation_level=None
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        prepare_root(self.root)
+        db: sqlite3.Connection | None = None
+        try:
+            for sub in ("resources", "tmp", "locks", "logs", "shared"):
+                (self.root / sub).mkdir(mode=PRIVATE_DIR, exist_ok=True)
+            tighten_index(self.root)
+            db = sqlite3.connect(
+                self.root / "index.sqlite",
+                timeout=30,
+                check_same_thread=False,
+                isolation_level=None,
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            if db is not None:
+                db.close()
+            raise CacheUnavailable(str(self.root), describe(exc)) from exc
+        self._db = db
 
     def close(self) -> None:
         with self._lock:

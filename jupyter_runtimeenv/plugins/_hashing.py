@@ -4,7 +4,7 @@ Who calls it: ``working_dir`` and ``py_modules`` — from ``identity`` and ``uri
 the agent, in threads) and from ``create`` (through ``build.to_thread``). Everything here
 blocks; nothing here may run on an event loop.
 
-A tree's digest covers each kept file's relative path, executable bit and content, after
+A tree's digest covers each kept file's relative path, mode class and content, after
 the default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. File
 contents are memoised by (path, size, mtime_ns, inode, device), so hashing an unchanged
 tree again costs one ``stat`` per file. Like git's "racy" check, a file modified less than
@@ -36,25 +36,44 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "FileEntry",
     "Tree",
+    "blob_mode",
     "hash_file",
     "hash_tree",
 ]
 
 
+def blob_mode(st_mode: int) -> int:
+    """The read-only mode a file is stored with: the owner reads; group and other read only
+    if they could read the source (a 0600 file stays owner-only: 0400); whoever reads may
+    execute if the source was executable. The common cases are 0444 and 0555."""
+    read = 0o400 | (st_mode & 0o044)
+    return read | (read >> 2) if st_mode & 0o111 else read
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a tree: where it is relative to the tree, its source, mode and content."""
+    """One file of a tree: where it is relative to the tree, its source, the mode it is
+    stored with (``blob_mode``) and its content."""
 
     rel: str
     source: str
-    executable: bool
+    mode: int
     size: int
     sha256: str
 
     @property
+    def executable(self) -> bool:
+        return bool(self.mode & 0o100)
+
+    @property
     def blob_name(self) -> str:
-        # The executable bit is part of the blob: hardlinks share their inode's mode.
-        return self.sha256 + ("-x" if self.executable else "")
+        # The mode is part of the blob: hardlinks share their inode's mode, so a 0600 file
+        # and a 0644 file of the same content are two blobs (0400 and 0444).
+        if self.mode == 0o444:
+            return self.sha256
+        if self.mode == 0o555:
+            return self.sha256 + "-x"
+        return f"{self.sha256}-m{self.mode:03o}"
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,7 @@ def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "
         st = os.stat(root)
         name = prefix or os.path.basename(root)
         entries.append(
-            FileEntry(name, root, bool(st.st_mode & 0o111), st.st_size, hash_file(root, st))
+            FileEntry(name, root, blob_mode(st.st_mode), st.st_size, hash_file(root, st))
         )
     else:
         base = [_matcher("", [*DEFAULT_EXCLUDES, *excludes])]
@@ -173,7 +192,7 @@ def _walk(
             FileEntry(
                 f"{prefix}/{rel}" if prefix else rel,
                 child.path,
-                bool(st.st_mode & 0o111),
+                blob_mode(st.st_mode),
                 st.st_size,
                 hash_file(child.path, st),
             )
@@ -194,7 +213,12 @@ def _digest(entries: Iterable[FileEntry]) -> str:
     h = hashlib.sha256()
     for e in entries:
         h.update(e.rel.encode("utf-8", "surrogateescape"))
-        h.update(b"\0755\0" if e.executable else b"\0644\0")
+        # 0444/0555 hash as before modes were kept; any other mode enters the digest, so
+        # making a file owner-only makes a new tree.
+        if e.mode in (0o444, 0o555):
+            h.update(b"\0755\0" if e.executable else b"\0644\0")
+        else:
+            h.update(f"\0m{e.mode:03o}\0".encode())
         h.update(e.sha256.encode())
         h.update(b"\n")
     return h.hexdigest()

@@ -3,7 +3,8 @@
 Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks).
 
 Each file's content is stored once, as a blob under ``<cache_root>/shared/blobs`` named by
-its sha256 (and executable bit); a tree is materialised by hardlinking its blobs into the
+its sha256 and mode (``_hashing.blob_mode``: a 0600 source is stored 0400, never shared with
+a 0444 blob of the same content); a tree is materialised by hardlinking its blobs into the
 build's target (copying where the file system refuses links). An unchanged file therefore
 costs a link, never a copy, and a one-byte change in a tree of a thousand files copies one
 file. Blobs are made read-only and stamped with a fixed mtime: a blob whose mtime moved was
@@ -86,7 +87,7 @@ def _store(entry: FileEntry, blob: Path) -> None:
             raise BuildError(
                 f"{entry.source} changed after the spec was parsed; parse the spec again"
             )
-        os.chmod(tmp, 0o555 if entry.executable else 0o444)
+        os.chmod(tmp, entry.mode)  # read-only; owner-only when the source was
         os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
         # Atomic: a concurrent build linking this blob sees the old or the new file, whole.
         os.replace(tmp, blob)

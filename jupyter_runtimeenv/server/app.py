@@ -31,6 +31,7 @@ from ..agent import RuntimeEnvAgent
 from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.events import Event
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
+from ..errors import CacheUnavailable
 from ..plugins.registry import PluginRegistry
 from .events import SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, default_handlers
@@ -151,7 +152,8 @@ class RuntimeEnvExtension(ExtensionApp):
         """Called by the extension manager once the server's loop runs (not under
         pytest-jupyter): the port is final now, and the agent can start early."""
         self.export_environment()
-        await self.started_agent()
+        with contextlib.suppress(CacheUnavailable):  # logged; requests answer 503 with it
+            await self.started_agent()
 
     async def stop_extension(self) -> None:
         """Stop the agent (cancelling builds, killing their processes) and restore the
@@ -184,7 +186,10 @@ class RuntimeEnvExtension(ExtensionApp):
     # -- the agent ------------------------------------------------------------------------
 
     async def started_agent(self) -> RuntimeEnvAgent:
-        """The agent, started on first use. Called by handlers and the provisioner."""
+        """The agent, started on first use. Called by handlers and the provisioner.
+
+        ``CacheUnavailable`` (logged) when the cache cannot be opened; handlers answer 503.
+        """
         assert self.agent is not None
         if self._stopped:
             raise RuntimeError("the jupyter_runtimeenv extension is stopped")
@@ -193,7 +198,12 @@ class RuntimeEnvExtension(ExtensionApp):
                 self._start_lock = asyncio.Lock()
             async with self._start_lock:
                 if not self._started:
-                    await self.agent.start()
+                    try:
+                        await self.agent.start()
+                    except CacheUnavailable as exc:
+                        # Not started: the next request tries again (the disk may be freed).
+                        self.log.error("jupyter_runtimeenv: %s", exc)
+                        raise
                     self._started = True
                     self._sweeper = asyncio.create_task(self._sweep_kernels())
         return self.agent

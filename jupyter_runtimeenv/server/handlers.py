@@ -17,7 +17,7 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
 from .._version import __version__
-from ..errors import BuildError, EnvInUse, EnvNotFound, SpecError
+from ..errors import BuildError, CacheUnavailable, EnvInUse, EnvNotFound, SpecError
 
 if TYPE_CHECKING:
     from ..agent import RuntimeEnvAgent
@@ -45,6 +45,9 @@ class RuntimeEnvHandler(APIHandler):
             return await self.extension.started_agent()
         except RuntimeError as exc:  # the server is stopping
             raise web.HTTPError(503, str(exc)) from exc
+        except CacheUnavailable as exc:  # full or read-only disk: logged by the extension
+            self.fail(503, "CacheUnavailable", str(exc), path=exc.path, cause=exc.cause)
+            raise _Done from None
 
     def holder(self) -> str:
         # A server serves one user, and token-authenticated requests get a fresh anonymous
