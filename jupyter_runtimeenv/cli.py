@@ -16,6 +16,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .agent import RuntimeEnvAgent, default_cache_dir
@@ -212,8 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error) as exc:  # the disk filled up (or went away) mid-command
-        root = args.cache_dir or default_cache_dir()
-        print(f"error: cannot use the cache at {root}: {describe(exc)}", file=sys.stderr)
+        root = Path(args.cache_dir or default_cache_dir())
+        print(f"error: cannot use the cache at {root}: {describe(exc, root)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -113,3 +113,30 @@ def test_unknown_env_id(cache_dir: Path) -> None:
     result = run(cache_dir, "logs", "deadbeef")
     assert result.returncode == 1
     assert result.stderr.strip() == "error: no environment 'deadbeef'"
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-cache", "existing-cache"])
+@pytest.mark.parametrize("command", ["list", "build"])
+def test_a_full_disk_at_start_is_one_line_naming_the_cache(
+    tmp_path: Path, project: Path, existing: bool, command: str
+) -> None:
+    """A real full file system (a filled tmpfs) when we may mount, else a read-only
+    directory; the test id does not change, the assertion on the cause does."""
+    from fulldisk import full_disk
+
+    def prepare(disk: Path) -> None:
+        if existing:  # a cache made while there was room
+            assert run(disk / "cache", "list").returncode == 0
+
+    with full_disk(tmp_path, prepare) as (disk, kind):
+        args = ["build", str(project / "env.yaml")] if command == "build" else ["list"]
+        result = run(disk / "cache", *args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith(f"error: cannot use the cache at {disk / 'cache'}: ")
+    if kind == "tmpfs":
+        assert "no space left on the device" in lines[0] or "No space left" in lines[0]
+    else:
+        assert "ermission denied" in lines[0] or "not writable" in lines[0] or "read" in lines[0]

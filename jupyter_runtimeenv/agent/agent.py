@@ -86,7 +86,7 @@ class RuntimeEnvAgent:
                 await asyncio.to_thread(cache.sweep)
             except (OSError, sqlite3.Error) as exc:
                 await asyncio.to_thread(cache.close)
-                raise CacheUnavailable(str(cache.root), describe(exc)) from exc
+                raise CacheUnavailable(str(cache.root), describe(exc, cache.root)) from exc
             self._cache = cache
 
     async def stop(self) -> None:

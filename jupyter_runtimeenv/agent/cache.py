@@ -131,7 +131,7 @@ class Cache:
         except (OSError, sqlite3.Error) as exc:
             if db is not None:
                 db.close()
-            raise CacheUnavailable(str(self.root), describe(exc)) from exc
+            raise CacheUnavailable(str(self.root), describe(exc, self.root)) from exc
         self._db = db
 
     def close(self) -> None:

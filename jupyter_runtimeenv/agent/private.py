@@ -40,13 +40,29 @@ __all__ = [
 ]
 
 
-def describe(exc: BaseException) -> str:
-    """An OS or SQLite error in words: ``No space left on device (ENOSPC)``."""
+def describe(exc: BaseException, root: Path | None = None) -> str:
+    """An OS or SQLite error in words: ``No space left on device [ENOSPC]``.
+
+    SQLite often says only ``disk I/O error``: with ``root``, the file system is asked
+    whether it is full or read-only, and the answer is added.
+    """
     if isinstance(exc, OSError) and exc.strerror:
         code = errno.errorcode.get(exc.errno or 0, "")
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{f' [{code}]' if code else ''}{where}"
-    return str(exc) or type(exc).__name__
+    text = str(exc) or type(exc).__name__
+    if root is not None:
+        try:
+            fs = os.statvfs(root)
+        except OSError:
+            return text
+        if fs.f_flag & os.ST_RDONLY:
+            text += " (the file system is read-only)"
+        elif fs.f_bavail == 0:
+            text += " (no space left on the device)"
+        elif not os.access(root, os.W_OK):
+            text += " (the directory is not writable)"
+    return text
 
 
 def prepare_root(root: Path) -> None:
