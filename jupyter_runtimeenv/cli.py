@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent import RuntimeEnvAgent, default_cache_dir
+from .agent.pgroups import LIVE
 from .agent.private import describe
 from .errors import BuildError, RuntimeEnvError, SpecError
 
@@ -93,6 +95,38 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+async def _run_until_signal(args: argparse.Namespace) -> int:
+    """``_run``, cancelled by SIGTERM or SIGHUP: the agent stops (builds cancelled, their
+    process groups killed), then the command exits 128 + the signal's number."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            task.cancel()
+
+    handled = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    for signum in handled:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        return await _run(args)
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        if hasattr(task, "uncancel"):  # 3.11+
+            task.uncancel()
+        name = signal.Signals(received[0]).name
+        print(f"error: stopped by {name}; builds cancelled", file=sys.stderr)
+        return 128 + received[0]
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+        LIVE.kill_all()  # a net: run() kills its group when cancelled
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -202,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "kernelspec":
             return _install_kernelspec(args)
-        return asyncio.run(_run(args))
+        return asyncio.run(_run_until_signal(args))
     except SpecError as exc:
         print(f"error: invalid spec: {exc}", file=sys.stderr)
         return 2

@@ -11,14 +11,23 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from ..errors import BuildError
 from ..plugins.base import RunResult
 from ..spec import RuntimeEnvSpec
 from .limits import Limiter
+from .pgroups import LIVE
 
 T = TypeVar("T")
+
+
+class GroupRecords(Protocol):
+    """Where process groups are recorded across processes (``Cache``)."""
+
+    def record_group(self, pgid: int) -> float | None: ...
+
+    def forget_group(self, pgid: int) -> None: ...
 
 
 class EnvLog:
@@ -69,6 +78,7 @@ class ResourceBuild:
         log: EnvLog,
         limiter: Limiter,
         resource_path: Callable[[str], Path],
+        groups: GroupRecords | None = None,
     ) -> None:
         self.env_id = env_id
         self.spec = spec
@@ -79,6 +89,7 @@ class ResourceBuild:
         self._log = log
         self._limiter = limiter
         self._resource_path = resource_path
+        self._groups = groups
         self.tail: deque[str] = deque(maxlen=30)
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -130,7 +141,13 @@ class ResourceBuild:
                 env_id=self.env_id,
                 step=self.step,
             ) from exc
+        # Recorded at once in memory (signals, exit) and in the index (the next agent ends
+        # it if this process is SIGKILLed); see ``pgroups``.
+        LIVE.add(proc.pid)
         try:
+            if self._groups is not None:
+                started = await asyncio.to_thread(self._groups.record_group, proc.pid)
+                LIVE.add(proc.pid, started)
             assert proc.stdout is not None
             async for raw in proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -142,6 +159,14 @@ class ResourceBuild:
             with contextlib.suppress(Exception):
                 await asyncio.shield(proc.wait())
             raise
+        finally:
+            # Whatever the command left in its group (a daemonised helper) ends with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            LIVE.remove(proc.pid)
+            if self._groups is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.to_thread(self._groups.forget_group, proc.pid))
         if check and returncode != 0:
             label = what or Path(argv[0]).name
             raise BuildError(

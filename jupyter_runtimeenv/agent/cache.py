@@ -2,7 +2,8 @@
 
 Layout of the root::
 
-    index.sqlite          resources, envs, which env uses which resource, references
+    index.sqlite          resources, envs, which env uses which resource, references,
+                          the process groups of running installers (see ``pgroups``)
     resources/<plugin>/<key>/   one built resource (key: sha256 of its URI)
     tmp/<pid>-<random>/   builds in progress; renamed into resources/ when complete
     locks/<key>.lock      cross-process lock while a resource is built or evicted
@@ -35,6 +36,7 @@ import filelock
 import platformdirs
 
 from ..errors import CacheUnavailable
+from .pgroups import end_group, owner_alive, self_identity, start_time
 from .private import PRIVATE_DIR, describe, prepare_root, tighten_index
 
 CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
@@ -51,6 +53,10 @@ CREATE TABLE IF NOT EXISTS env_resources (
 CREATE TABLE IF NOT EXISTS refs (
     env_id TEXT NOT NULL, holder TEXT NOT NULL, pid INTEGER NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (env_id, holder));
+CREATE TABLE IF NOT EXISTS pgroups (
+    pgid INTEGER NOT NULL, started REAL NOT NULL,
+    owner_pid INTEGER NOT NULL, owner_started REAL NOT NULL,
+    PRIMARY KEY (pgid, started));
 """
 
 
@@ -152,10 +158,12 @@ class Cache:
     # -- start-up -------------------------------------------------------------------------
 
     def sweep(self) -> list[str]:
-        """Remove what interrupted builds left and references of processes that are gone.
+        """End the installers of agents that are gone, then remove what interrupted builds
+        left and references of processes that are gone.
 
         Returns the paths removed. Called once when an agent starts.
         """
+        self.end_orphan_groups()
         removed: list[str] = []
         for entry in (self.root / "tmp").iterdir():
             pid_text = entry.name.split("-", 1)[0]
@@ -173,6 +181,45 @@ class Cache:
                 if not Path(path).is_dir():
                     self._drop_resource(db, uri)
         return removed
+
+    # -- process groups ---------------------------------------------------------------------
+
+    def record_group(self, pgid: int) -> float | None:
+        """Record a process group this process started; its leader's start time (None if
+        it already ended)."""
+        started = start_time(pgid)
+        if started is None:
+            return None
+        owner_pid, owner_started = self_identity()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO pgroups VALUES (?, ?, ?, ?)",
+                (pgid, started, owner_pid, owner_started),
+            )
+        return started
+
+    def forget_group(self, pgid: int) -> None:
+        owner_pid, owner_started = self_identity()
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM pgroups WHERE pgid = ? AND owner_pid = ? AND owner_started = ?",
+                (pgid, owner_pid, owner_started),
+            )
+
+    def end_orphan_groups(self) -> list[int]:
+        """End the recorded groups whose owner (pid and start time) is gone, and forget
+        them; a live owner's groups (another agent on this cache) are left alone. Returns
+        the pgids signalled."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT pgid, started, owner_pid, owner_started FROM pgroups"
+            ).fetchall()
+        gone = [(pgid, started) for pgid, started, pid, at in rows if not owner_alive(pid, at)]
+        ended = [pgid for pgid, started in gone if end_group(pgid, started)]
+        if gone:
+            with self._tx() as db:
+                db.executemany("DELETE FROM pgroups WHERE pgid = ? AND started = ?", gone)
+        return ended
 
     # -- resources --------------------------------------------------------------------------
 

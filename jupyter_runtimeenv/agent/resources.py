@@ -100,6 +100,7 @@ class Resources:
                 log=job.log,
                 limiter=self._limiter,
                 resource_path=lambda u: cache.resource_path(name, u),
+                groups=cache,
             )
             try:
                 size = await call_maybe_sync(

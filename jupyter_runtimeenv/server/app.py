@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import threading
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -30,6 +32,7 @@ from traitlets import Float, Int, List, Unicode
 from ..agent import RuntimeEnvAgent
 from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.events import Event
+from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
 from ..plugins.registry import PluginRegistry
@@ -152,8 +155,26 @@ class RuntimeEnvExtension(ExtensionApp):
         """Called by the extension manager once the server's loop runs (not under
         pytest-jupyter): the port is final now, and the agent can start early."""
         self.export_environment()
+        self._hook_hangup()
         with contextlib.suppress(CacheUnavailable):  # logged; requests answer 503 with it
             await self.started_agent()
+
+    def _hook_hangup(self) -> None:
+        """SIGHUP stops the server the way SIGTERM does, through the server's own stop path
+        (``ServerApp.stop``, whose cleanup calls ``stop_extension``): jupyter_server leaves
+        SIGHUP at its default, which would end the process with installers still running.
+        A handler someone else installed is left alone."""
+        self._previous_hup: Any = None
+        hup = getattr(signal, "SIGHUP", None)
+        if hup is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(hup) not in (signal.SIG_DFL, None):
+            return
+        self._previous_hup = signal.signal(hup, self._on_hangup)
+
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        self.log.critical("jupyter_runtimeenv: received SIGHUP, stopping the server")
+        self.server.stop(from_signal=True)
 
     async def stop_extension(self) -> None:
         """Stop the agent (cancelling builds, killing their processes) and restore the
@@ -172,6 +193,10 @@ class RuntimeEnvExtension(ExtensionApp):
             )
         if self.agent is not None and self._started:
             await self.agent.stop()  # its last events (builds cancelled) still go out
+        LIVE.kill_all()  # a net: cancelled builds killed their groups already
+        if getattr(self, "_previous_hup", None) is not None:
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGHUP, self._previous_hup)
         for unlisten in self._unlisten:
             unlisten()
         self.forwarder.close()
