@@ -8,6 +8,13 @@ requirements an installer failure is about). Accepted forms, as in Ray:
   made absolute against the file);
 - ``{"packages": <list or path>, "install_options": [...], "pip_check": bool}``.
 
+Every local path is made absolute at parse time, against the spec file (or the requirements
+file that names it, or the cwd): requirement paths, ``-r``/``-c``/``-e`` files and the value
+of path options (``--find-links``, ``--constraint``, ``--index-url`` when it is not a URL,
+...) in ``packages`` lines and in ``install_options``. The installer runs elsewhere, later
+(in the agent's build directory, or from a kernelspec installed long before), so nothing
+relative may survive parsing. URLs (``scheme://``, ``file:``) are left as they are.
+
 The normal form is always the mapping, with requirements canonicalised (``Six >= 1`` ->
 ``six>=1``), de-duplicated and sorted, so that equal requests share one venv. Option lines
 (``--index-url ...``, ``-e ./pkg``) keep their order, ahead of the requirements.
@@ -29,6 +36,15 @@ from ..errors import SpecError
 from ..spec.paths import resolve_path
 
 KEYS = ("packages", "install_options", "pip_check")
+#: Installer options whose value is a local path (or a URL, kept as is).
+PATH_OPTIONS = frozenset(
+    {
+        *("-f", "--find-links", "-i", "--index-url", "--extra-index-url"),
+        *("-c", "--constraint", "-r", "--requirement", "-e", "--editable"),
+        *("--override", "--overrides", "--build-constraint", "--build-constraints"),
+        *("--cert", "--client-cert", "--src"),
+    }
+)
 #: Distributions workers import before any user code: a request must not break them.
 SELF = "jupyter-runtimeenv"
 CLOUDPICKLE = "cloudpickle"
@@ -36,7 +52,9 @@ CLOUDPICKLE = "cloudpickle"
 __all__ = [
     "CLOUDPICKLE",
     "KEYS",
+    "PATH_OPTIONS",
     "SELF",
+    "absolute_options",
     "cloudpickle_floor",
     "names",
     "normalize",
@@ -71,6 +89,7 @@ def normalize(value: Any) -> dict[str, Any]:
     options = value.get("install_options", [])
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
         raise SpecError("install_options", "expected a list of strings (installer arguments)")
+    options = absolute_options(options)
     pip_check = value.get("pip_check", False)
     if not isinstance(pip_check, bool):
         raise SpecError("pip_check", f"expected true or false, got {_kind(pip_check)}")
@@ -109,8 +128,11 @@ def _lines(items: list[Any], field: str, base: str | None) -> list[tuple[str, st
         if head in ("-r", "--requirement") or line.startswith("--requirement="):
             target = rest.strip() if rest else line.split("=", 1)[1]
             out.extend(_read_file(_join(base, target), where))
-        elif head in ("-e", "--editable", "-c", "--constraint"):
-            out.append((where, f"{head} {_join(base, rest.strip())}"))
+        elif head in PATH_OPTIONS and rest.strip():
+            out.append((where, f"{head} {_path_value(base, rest.strip())}"))
+        elif head.split("=", 1)[0] in PATH_OPTIONS and "=" in head:
+            name, value = line.split("=", 1)
+            out.append((where, f"{name}={_path_value(base, value.strip())}"))
         elif _is_path(line):
             out.append((where, _join(base, line)))
         else:
@@ -138,6 +160,35 @@ def _strip(line: str) -> str:
 
 def _is_path(line: str) -> bool:
     return line.startswith((".", "/", "~", "file:"))
+
+
+def _path_value(base: str | None, value: str) -> str:
+    """The value of a path option made absolute; URLs (``git+https://``, ``file:``) kept."""
+    if "://" in value or value.startswith("file:"):
+        return value
+    return _join(base, value)
+
+
+def absolute_options(options: list[str], base: str | None = None) -> list[str]:
+    """``install_options`` with the value of every path option made absolute, in the form
+    given: ``["--find-links", "w"]``, ``["--find-links=w"]`` or ``["--find-links w"]``."""
+    out: list[str] = []
+    value_of: str | None = None
+    for option in options:
+        if value_of is not None:
+            out.append(_path_value(base, option))
+            value_of = None
+        elif option.startswith("-") and " " in option:  # one string, split like the installer
+            out.append(shlex.join(absolute_options(shlex.split(option), base)))
+        elif option in PATH_OPTIONS:
+            out.append(option)
+            value_of = option
+        elif option.split("=", 1)[0] in PATH_OPTIONS and "=" in option:
+            name, value = option.split("=", 1)
+            out.append(f"{name}={_path_value(base, value)}")
+        else:
+            out.append(option)
+    return out
 
 
 def _join(base: str | None, path: str) -> str:
