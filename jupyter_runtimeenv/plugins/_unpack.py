@@ -39,7 +39,7 @@ from typing import IO
 
 from ..errors import BuildError
 
-__all__ = ["SafeTree", "flatten_single_dir", "member_path", "safe_unzip"]
+__all__ = ["SafeTree", "check_links", "flatten_single_dir", "member_path", "safe_unzip"]
 
 
 def member_path(name: str) -> PurePosixPath | None:
@@ -223,3 +223,21 @@ def flatten_single_dir(dest: Path) -> None:
     for child in holder.iterdir():
         os.rename(child, dest / child.name)
     holder.rmdir()
+    # One level up, a link that climbed out of the top directory (``top/l -> ../x``, inside
+    # when unpacked) now climbs out of ``dest``: every link is resolved again.
+    check_links(dest)
+
+
+def check_links(root: str | os.PathLike[str]) -> None:
+    """``BuildError`` if any symlink below ``root`` resolves outside it (links are not
+    followed while walking)."""
+    real_root = os.path.realpath(root)
+    for dirpath, dirs, files in os.walk(real_root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) and not _inside(real_root, os.path.realpath(path)):
+                rel = os.path.relpath(path, real_root)
+                raise BuildError(
+                    f"refusing to unpack {rel!r}: it is a symlink to {os.readlink(path)!r},"
+                    " which resolves outside the archive's root"
+                )

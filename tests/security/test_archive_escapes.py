@@ -229,3 +229,18 @@ async def test_an_escaping_zip_fails_the_env_and_leaves_nothing(
         await agent.get_or_create({field: value}, "t")
     assert await asyncio.to_thread(lambda: list((cache_dir / "tmp").iterdir())) == []
     assert await asyncio.to_thread(lambda: list((cache_dir / "resources").rglob("passwd"))) == []
+
+
+async def test_a_link_out_of_the_single_top_directory_is_refused_after_flattening(
+    make_agent: Agent, tmp_path: Path, cache_dir: Path
+) -> None:
+    """``top/l -> ../x`` is inside when unpacked; a working_dir's single top directory is
+    moved up one level, and then it would point next to the env's directory."""
+    archive = tmp_path / "top.zip"
+    archive.write_bytes(
+        zip_of([("top/hello.py", "X = 1\n", "file"), ("top/l", "../neighbour", "link")])
+    )
+    agent = await make_agent()
+    with pytest.raises(BuildError, match="refusing to unpack 'l'"):
+        await agent.get_or_create({"working_dir": str(archive)}, "t")
+    assert await asyncio.to_thread(lambda: list((cache_dir / "tmp").iterdir())) == []
