@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         SerializationError,
         SpecError,
         WorkerError,
+        WorkerSetupError,
     )
     from .plugins import BuildContext, RuntimeEnvPlugin
     from .spec import RuntimeEnvConfig, RuntimeEnvSpec, merge, parse
@@ -76,6 +77,7 @@ _EXPORTS = {
     "RuntimeEnvSpec": "spec",
     "SpecError": "errors",
     "WorkerError": "errors",
+    "WorkerSetupError": "errors",
     "compose": "context",
     "get_client": "client",
     "merge": "spec",
@@ -109,6 +111,7 @@ __all__ = [
     "SerializationError",
     "SpecError",
     "WorkerError",
+    "WorkerSetupError",
     "__version__",
     "compose",
     "get",

@@ -10,7 +10,8 @@
     ├── AgentUnavailable             the agent (server or embedded) cannot be reached
     ├── CacheUnavailable             the cache cannot be opened or written (full, read-only, ...)
     ├── WorkerError                  a worker process failed to start or to talk
-    │   └── BrokenWorker             a worker died or broke the protocol mid-task
+    │   ├── BrokenWorker             a worker died or broke the protocol mid-task
+    │   └── WorkerSetupError         the spec's worker_process_setup_hook raised in a worker
     ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
     └── RemoteTaskError              the task raised; renders the remote traceback
 
@@ -36,6 +37,7 @@ __all__ = [
     "SerializationError",
     "SpecError",
     "WorkerError",
+    "WorkerSetupError",
 ]
 
 
@@ -180,6 +182,18 @@ class WorkerError(RuntimeEnvError):
 
 class BrokenWorker(WorkerError):
     """A worker died or broke the protocol while running a task."""
+
+
+class WorkerSetupError(WorkerError):
+    """The spec's ``worker_process_setup_hook`` failed in a starting worker.
+
+    ``hook`` names it, ``traceback`` is the worker's; no task ran in that worker.
+    """
+
+    def __init__(self, message: str, *, hook: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.hook = hook
+        self.traceback = traceback
 
 
 class SerializationError(RuntimeEnvError, TypeError):

@@ -6,7 +6,10 @@ requirements an installer failure is about). Accepted forms, as in Ray:
 - a list of requirement lines (``["six", "attrs>=22"]``);
 - a path to a requirements file (read now; ``-r`` includes are inlined, relative paths are
   made absolute against the file);
-- ``{"packages": <list or path>, "install_options": [...], "pip_check": bool}``.
+- ``{"packages": <list or path>, "install_options": [...], "pip_check": bool}``, with Ray's
+  names accepted too: ``pip_install_options`` and ``pip_version`` (``pip`` of that version is
+  installed into the venv, as Ray does), or for the ``uv`` field ``uv_pip_install_options``,
+  ``uv_check`` and ``uv_version`` (recorded; the uv shipped with this package installs).
 
 Every local path is made absolute at parse time, against the spec file (or the requirements
 file that names it, or the cwd): requirement paths, ``-r``/``-c``/``-e`` files and the value
@@ -45,6 +48,14 @@ PATH_OPTIONS = frozenset(
         *("--cert", "--client-cert", "--src"),
     }
 )
+#: Ray's names for our keys (``pip`` dict, ``uv`` dict), and Ray's keys we add.
+RAY_KEYS = {
+    "pip_install_options": "install_options",
+    "uv_pip_install_options": "install_options",
+    "uv_check": "pip_check",
+}
+VERSION_KEYS = ("pip_version", "uv_version")
+ALL_KEYS = (*KEYS, *RAY_KEYS, *VERSION_KEYS)
 #: Distributions workers import before any user code: a request must not break them.
 SELF = "jupyter-runtimeenv"
 CLOUDPICKLE = "cloudpickle"
@@ -74,9 +85,7 @@ def normalize(value: Any) -> dict[str, Any]:
             "expected a list of requirements, a requirements file or a mapping,"
             f" got {_kind(value)}",
         )
-    for key in value:
-        if key not in KEYS:
-            raise SpecError(str(key), f"unknown key; known keys are {', '.join(KEYS)}")
+    value = _ray_keys(value)
     packages = value.get("packages", [])
     if isinstance(packages, str):
         lines = _read_file(packages, "packages")
@@ -88,12 +97,49 @@ def normalize(value: Any) -> dict[str, Any]:
         )
     options = value.get("install_options", [])
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
-        raise SpecError("install_options", "expected a list of strings (installer arguments)")
+        raise SpecError(
+            value.get("_options_key", "install_options"),
+            "expected a list of strings (installer arguments)",
+        )
     options = absolute_options(options)
     pip_check = value.get("pip_check", False)
     if not isinstance(pip_check, bool):
-        raise SpecError("pip_check", f"expected true or false, got {_kind(pip_check)}")
-    return _mapping(lines, list(options), pip_check)
+        raise SpecError(
+            value.get("_check_key", "pip_check"), f"expected true or false, got {_kind(pip_check)}"
+        )
+    if value.get("pip_version"):
+        # Ray installs pip<pip_version> into the venv; so do we, as one more requirement.
+        lines = [*lines, ("pip_version", "pip" + value["pip_version"])]
+    result = _mapping(lines, list(options), pip_check)
+    if value.get("uv_version"):
+        result["uv_version"] = value["uv_version"]
+    return result
+
+
+def _ray_keys(value: dict[Any, Any]) -> dict[str, Any]:
+    """``value`` with Ray's key names mapped to ours; unknown keys refused."""
+    out: dict[str, Any] = {}
+    prefixes = {str(k).split("_", 1)[0] for k in value if str(k).startswith(("pip_", "uv_"))}
+    if len(prefixes) > 1:
+        raise SpecError("", "mixes pip_* and uv_* keys; Ray's pip field takes pip_*, uv takes uv_*")
+    for key, item in value.items():
+        if key not in ALL_KEYS:
+            raise SpecError(str(key), f"unknown key; known keys are {', '.join(ALL_KEYS)}")
+        ours = RAY_KEYS.get(key, key)
+        if ours in out:
+            raise SpecError(str(key), f"the same as {ours!r} (Ray's name for it); give one")
+        if key in VERSION_KEYS:
+            if not isinstance(item, str):
+                raise SpecError(key, f"expected a version specifier string, got {_kind(item)}")
+            item = item.strip()
+            if item and item[0].isdigit():
+                item = "==" + item
+        out[ours] = item
+        if ours == "install_options":
+            out["_options_key"] = key
+        elif ours == "pip_check":
+            out["_check_key"] = key
+    return out
 
 
 def _mapping(lines: list[tuple[str, str]], options: list[str], pip_check: bool) -> dict[str, Any]:

@@ -106,6 +106,11 @@ class RuntimeEnvPlugin:
     def validate(self, value: Any) -> Any:
         return value
 
+    def is_empty(self, value: Any) -> bool:
+        """Whether the normalised ``value`` asks for nothing. As in Ray, such a field is left
+        out of the spec (``{"pip": []}`` and ``{"env_vars": {}}`` are the env of ``{}``)."""
+        return isinstance(value, (list, dict)) and not value
+
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
         return value
 

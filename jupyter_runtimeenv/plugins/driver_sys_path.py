@@ -40,6 +40,9 @@ class DriverSysPathPlugin(RuntimeEnvPlugin):
                 paths.append(path)
         return paths
 
+    def is_empty(self, value: Any) -> bool:
+        return False  # [] means "none of the driver's paths", unlike the default (true)
+
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         if isinstance(value, list):
             ctx.driver_sys_path = list(value)

@@ -78,6 +78,9 @@ class PipPlugin(RuntimeEnvPlugin):
     def validate(self, value: Any) -> dict[str, Any]:
         return reqs.normalize(value)
 
+    def is_empty(self, value: Any) -> bool:
+        return not value["packages"]  # Ray drops a pip field without packages
+
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
         base = base_of(spec)
         key: dict[str, Any] = {

@@ -24,14 +24,20 @@ class RuntimeEnvConfig:
     installer: Literal["uv", "pip"] = "uv"
     #: A bare venv instead of one layered over the driver's packages.
     isolated: bool = False
+    #: Ray's ``log_files``: files whose lines Ray streams to the driver. Accepted; workers'
+    #: stdout/stderr already reach the cell (see the README's Ray table).
+    log_files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "setup_timeout_seconds": self.setup_timeout_seconds,
             "eager_install": self.eager_install,
             "installer": self.installer,
             "isolated": self.isolated,
         }
+        if self.log_files:
+            data["log_files"] = list(self.log_files)
+        return data
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from ..errors import SpecError
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
+from .ray import RAY_INTERNAL, ray_only_reason
 
 __all__ = ["load_spec_file", "merge", "parse"]
 
@@ -73,16 +74,17 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
         if not isinstance(key, str):
             raise SpecError(str(key), "field names must be strings")
     config = _parse_config(data.get("config", {}))
-    excludes = _parse_excludes(data["excludes"]) if "excludes" in data else None
+    raw_excludes = data.get("excludes")
+    excludes = _parse_excludes(raw_excludes) if raw_excludes is not None else None
 
     fields: dict[str, Any] = {}
     given_as: dict[str, str] = {}
     for key, value in data.items():
-        if key in CORE_FIELDS:
+        if key in CORE_FIELDS or key in RAY_INTERNAL:
             continue
         plugin = registry.for_field(key)
         if plugin is None:
-            raise SpecError(key, _unknown_field(key, registry))
+            raise SpecError(key, ray_only_reason(key) or _unknown_field(key, registry))
         name = registry.canonical_field(key)
         if name in given_as:
             raise SpecError(key, f"{given_as[name]!r} and {key!r} are the same field; give one")
@@ -90,9 +92,11 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
         if value is None:
             continue  # Ray treats a null field as absent
         try:
-            fields[name] = plugin.validate(value)
+            normal = plugin.validate(value)
         except SpecError as exc:
             raise exc.within(key) from None
+        if not plugin.is_empty(normal):
+            fields[name] = normal
     for name in fields:
         plugin = registry.for_field(name)
         assert plugin is not None
@@ -101,7 +105,7 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
                 raise SpecError(
                     given_as[name], f"cannot be combined with {given_as[other]!r} (as in Ray)"
                 )
-    if excludes is not None:
+    if excludes:
         fields["excludes"] = excludes
 
     plugins: dict[str, Any] = {}
@@ -150,7 +154,7 @@ def _unknown_field(key: str, registry: PluginRegistry) -> str:
     )
 
 
-_CONFIG_KEYS = ("setup_timeout_seconds", "eager_install", "installer", "isolated")
+_CONFIG_KEYS = ("setup_timeout_seconds", "eager_install", "installer", "isolated", "log_files")
 
 
 def _parse_config(value: Any) -> RuntimeEnvConfig:
@@ -190,11 +194,15 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
     installer = value.get("installer", "uv")
     if installer not in ("uv", "pip"):
         raise SpecError("config.installer", f"expected 'uv' or 'pip', got {installer!r}")
+    log_files = value.get("log_files") or []
+    if not isinstance(log_files, list) or not all(isinstance(f, str) and f for f in log_files):
+        raise SpecError("config.log_files", "expected a list of file paths (Ray's log_files)")
     return RuntimeEnvConfig(
         setup_timeout_seconds=timeout,
         eager_install=flags["eager_install"],
         installer=installer,
         isolated=flags["isolated"],
+        log_files=tuple(log_files),
     )
 
 

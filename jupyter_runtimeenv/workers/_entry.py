@@ -14,7 +14,8 @@ Order of events, which is the point of this file:
    interpreter does not already have first on ``sys.path``, in the driver's order;
 3. only then make sure cloudpickle can be imported (the environment's own, else the
    driver's copy loaded by file path, so nothing else of the driver's site-packages leaks
-   in) and say HELLO;
+   in), run the spec's ``worker_process_setup_hook`` if it has one, and say HELLO (carrying
+   the hook's failure, after which the worker exits);
 4. serve CALL frames one at a time with RETURN or RAISE, until EOF on the channel.
 
 Imports: the standard library and cloudpickle only, and as few as possible before HELLO:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
+SETUP_HOOK_VAR = "JUPYTER_RUNTIMEENV_SETUP_HOOK"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: Functions loaded per driver-assigned key; the driver sends the blob anyway (it is small).
 _FUNCTION_CACHE_SIZE = 256
@@ -145,6 +147,36 @@ def failure(phase: str, exc: BaseException, dumps: Callable[[object], bytes], sk
     )
 
 
+def run_setup_hook(raw: str | None) -> dict[str, str] | None:
+    """Run the worker_process_setup_hook described by ``raw``; its failure, or None."""
+    if not raw:
+        return None
+    name = "worker_process_setup_hook"
+    try:
+        hook = json.loads(raw)
+        if "import" in hook:
+            name = hook["import"]
+            module_name, _, attr = name.replace(":", ".").rpartition(".")
+            func = getattr(importlib.import_module(module_name), attr)
+        else:
+            name = hook.get("name", name)
+            with open(hook["pickle"], "rb") as f:
+                func = pickle.loads(f.read())
+        func()
+        _flush()
+    except BaseException as exc:
+        import traceback
+
+        _flush()
+        return {
+            "hook": name,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        }
+    return None
+
+
 def serve(sock: FdChannel, protocol: ModuleType) -> None:
     """Answer CALL frames until the driver closes the channel."""
     dumps = cloudpickle_dumps
@@ -217,13 +249,18 @@ def main(argv: list[str]) -> int:
         if reconfigure is not None:
             reconfigure(line_buffering=True)
     _thread.start_new_thread(_watch_parent, (os.getppid(),))
+    setup_error = run_setup_hook(os.environ.get(SETUP_HOOK_VAR))
     hello = {
         "version": protocol.PROTOCOL_VERSION,
         "pid": os.getpid(),
         "python": sys.version,
         "sys_path_added": added,
     }
+    if setup_error is not None:
+        hello["setup_error"] = setup_error
     protocol.send_frame(sock, protocol.HELLO, json.dumps(hello).encode())
+    if setup_error is not None:
+        return 4
     try:
         serve(sock, protocol)
     except (protocol.ProtocolError, OSError) as exc:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import cloudpickle
 
 from ..context import EnvContext, compose, process_env
-from ..errors import BrokenWorker, WorkerError
+from ..errors import BrokenWorker, WorkerError, WorkerSetupError
 from . import protocol
 from .future import Task
 from .output import OutputTarget, StreamForwarder
@@ -210,6 +210,15 @@ class WorkerProcess:
             raise WorkerError(
                 f"worker pid {self.pid} speaks protocol {hello.get('version')}, "
                 f"the driver {protocol.PROTOCOL_VERSION}: mixed jupyter-runtimeenv versions"
+            )
+        failed = hello.get("setup_error")
+        if failed:
+            self.kill()
+            raise WorkerSetupError(
+                f"worker pid {self.pid} did not start: worker_process_setup_hook"
+                f" {failed['hook']} raised {failed['type']}: {failed['message']}",
+                hook=str(failed["hook"]),
+                traceback=str(failed["traceback"]),
             )
         self.ready = True
 
