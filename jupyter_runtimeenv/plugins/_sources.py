@@ -23,6 +23,7 @@ from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
 from ._store import materialize
 from ._unpack import flatten_single_dir, safe_unzip
+from ._untar import is_tar, safe_untar
 from ._uv import installer_env, uv_bin
 from .base import BuildContext
 
@@ -38,9 +39,11 @@ def is_url(value: str) -> bool:
 
 
 def kind_of(location: str) -> str:
-    """``url``, ``zip``, ``whl``, ``py`` (a single module file) or ``dir``."""
+    """``url``, ``zip``, ``tar``, ``whl``, ``py`` (a single module file) or ``dir``."""
     if is_url(location):
         return "url"
+    if is_tar(location) and not os.path.isdir(location):
+        return "tar"
     for suffix in ("zip", "whl", "py"):
         if location.endswith("." + suffix) and not os.path.isdir(location):
             return suffix
@@ -75,6 +78,7 @@ def _describe(kinds: Sequence[str]) -> str:
         "dir": "a directory",
         "py": "a .py file",
         "zip": "a .zip file",
+        "tar": "a .tar.gz/.tgz/.tar file",
         "whl": "a .whl file",
         "url": "an http(s) URL",
     }
@@ -134,7 +138,7 @@ def _digest(
     kind = kind_of(location)
     if kind == "url":
         return f"url:{location}"
-    if kind in ("zip", "whl"):
+    if kind in ("zip", "tar", "whl"):
         size = os.path.getsize(location)
         if size > limit:
             raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
@@ -185,7 +189,7 @@ async def create(
             return await _unpack_archive(archive, build, flatten=flatten)
         finally:
             await build.to_thread(shutil.rmtree, holder, True)
-    if kind in ("zip", "whl"):
+    if kind in ("zip", "tar", "whl"):
         return await _unpack_archive(Path(location), build, flatten=flatten)
     tree = _trees.get(expected.removeprefix("tree:"))
     if tree is None:  # hashed in another process (or long ago): hash again, and compare
@@ -201,9 +205,11 @@ async def create(
 
 
 async def _unpack_archive(archive: Path, build: BuildContext, *, flatten: bool) -> int:
-    if archive.name.endswith(".whl"):
+    # py_modules (no flatten) installs a wheel; working_dir unpacks it like the zip it is.
+    if archive.name.endswith(".whl") and not flatten:
         return await _install_wheel(archive, build)
-    size = await build.to_thread(safe_unzip, archive, build.target)
+    unpack = safe_untar if is_tar(archive.name) else safe_unzip
+    size = await build.to_thread(unpack, archive, build.target)
     if flatten:
         await build.to_thread(flatten_single_dir, build.target)
     build.log(f"unpacked {archive.name} ({_mb(size)})")

@@ -22,7 +22,7 @@ from .base import BuildContext, RuntimeEnvPlugin
 if TYPE_CHECKING:
     from ..spec import RuntimeEnvSpec
 
-_KINDS = ("dir", "py", "zip", "whl", "url")
+_KINDS = ("dir", "py", "zip", "tar", "whl", "url")
 
 
 class PyModulesPlugin(RuntimeEnvPlugin):
@@ -72,7 +72,7 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         limit = _sources.max_bytes(self.max_bytes)
         for location in value:
             kind = _sources.kind_of(location)
-            prefix = {"url": "url:", "zip": "zip:", "whl": "whl:"}.get(kind, "tree:")
+            prefix = {"url": "url:", "zip": "zip:", "tar": "tar:", "whl": "whl:"}.get(kind, "tree:")
             if not expected.startswith(prefix):
                 continue
             try:

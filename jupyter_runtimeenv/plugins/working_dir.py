@@ -19,7 +19,7 @@ from .base import BuildContext, RuntimeEnvPlugin
 if TYPE_CHECKING:
     from ..spec import RuntimeEnvSpec
 
-_KINDS = ("dir", "zip", "url")
+_KINDS = ("dir", "zip", "tar", "whl", "url")
 
 
 class WorkingDirPlugin(RuntimeEnvPlugin):
