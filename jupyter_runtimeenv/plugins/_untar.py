@@ -40,59 +40,61 @@ def safe_untar(archive: str | Path, dest: Path) -> int:
     ``BuildError`` naming the member for anything that would land or point outside ``dest``.
     """
     root = os.path.realpath(dest)
-    written = 0
     links: list[tuple[str, str, str]] = []  # (path, target, member name), made last
-    files: dict[str, str] = {}  # member path -> where its regular file was written
     try:
-        tf = tarfile.open(archive, "r:*")
-    except (tarfile.TarError, OSError) as exc:
+        with tarfile.open(archive, "r:*") as tf:
+            written = _extract(tf, root, links)
+    except (tarfile.TarError, EOFError, OSError) as exc:
         raise BuildError(f"{archive} is not a readable tar archive: {exc}") from exc
-    with tf:
-        try:
-            for member in tf:
-                rel = _member_path(member.name)
-                if rel is None:
-                    continue
-                out = os.path.join(root, *rel.parts)
-                _check_inside(root, os.path.dirname(out), member.name)
-                if member.isdir():
-                    os.makedirs(out, exist_ok=True)
-                    continue
-                if member.issym():
-                    os.makedirs(os.path.dirname(out), exist_ok=True)  # no links exist yet
-                    if os.path.isabs(member.linkname):
-                        raise BuildError(
-                            f"refusing to unpack {member.name!r}: it is a symlink to the"
-                            f" absolute path {member.linkname!r}"
-                        )
-                    links.append((out, member.linkname, member.name))
-                    continue
-                os.makedirs(os.path.dirname(out), exist_ok=True)
-                if member.islnk():
-                    source = _hardlink_source(member, files)
-                    _replace_file(out, member.name)
-                    shutil.copyfile(source, out)
-                    shutil.copymode(source, out)
-                    written += os.path.getsize(out)
-                    files[rel.as_posix()] = out
-                    continue
-                if not member.isfile():
-                    raise BuildError(
-                        f"refusing to unpack {member.name!r}: devices, fifos and other"
-                        " special files are not allowed in an archive"
-                    )
-                _replace_file(out, member.name)
-                src = tf.extractfile(member)
-                if src is None:  # pragma: no cover - a regular member always has data
-                    raise BuildError(f"cannot read {member.name!r} from {archive}")
-                with src, open(out, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                written += member.size
-                os.chmod(out, 0o755 if member.mode & 0o111 else 0o644)
-                files[rel.as_posix()] = out
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise BuildError(f"{archive} is not a readable tar archive: {exc}") from exc
     _make_links(root, links)
+    return written
+
+
+def _extract(tf: tarfile.TarFile, root: str, links: list[tuple[str, str, str]]) -> int:
+    """Unpack every member but symlinks (collected in ``links``); returns bytes written."""
+    written = 0
+    files: dict[str, str] = {}  # member path -> where its regular file was written
+    for member in tf:
+        rel = _member_path(member.name)
+        if rel is None:
+            continue
+        out = os.path.join(root, *rel.parts)
+        _check_inside(root, os.path.dirname(out), member.name)
+        if member.isdir():
+            os.makedirs(out, exist_ok=True)
+            continue
+        if member.issym():
+            os.makedirs(os.path.dirname(out), exist_ok=True)  # no links exist yet
+            if os.path.isabs(member.linkname):
+                raise BuildError(
+                    f"refusing to unpack {member.name!r}: it is a symlink to the"
+                    f" absolute path {member.linkname!r}"
+                )
+            links.append((out, member.linkname, member.name))
+            continue
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if member.islnk():
+            source = _hardlink_source(member, files)
+            _replace_file(out, member.name)
+            shutil.copyfile(source, out)
+            shutil.copymode(source, out)
+            written += os.path.getsize(out)
+            files[rel.as_posix()] = out
+            continue
+        if not member.isfile():
+            raise BuildError(
+                f"refusing to unpack {member.name!r}: devices, fifos and other"
+                " special files are not allowed in an archive"
+            )
+        _replace_file(out, member.name)
+        src = tf.extractfile(member)
+        if src is None:  # pragma: no cover - a regular member always has data
+            raise BuildError(f"cannot read {member.name!r} from the archive")
+        with src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        written += member.size
+        os.chmod(out, 0o755 if member.mode & 0o111 else 0o644)
+        files[rel.as_posix()] = out
     return written
 
 

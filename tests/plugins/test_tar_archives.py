@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
