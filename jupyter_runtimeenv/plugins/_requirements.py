@@ -37,6 +37,7 @@ from packaging.utils import canonicalize_name
 
 from ..errors import SpecError
 from ..spec.paths import resolve_path
+from . import _remote
 
 KEYS = ("packages", "install_options", "pip_check")
 #: Installer options whose value is a local path (or a URL, kept as is).
@@ -187,6 +188,10 @@ def _lines(items: list[Any], field: str, base: str | None) -> list[tuple[str, st
 
 
 def _read_file(path: str, field: str) -> list[tuple[str, str]]:
+    if _remote.is_remote(path):
+        # Read now: its content (not its URI) enters the env id, so an edit rebuilds.
+        base = path.rsplit("/", 1)[0]
+        return _lines(_remote.read_text(path, field).splitlines(), field, base)
     full = resolve_path(path)
     try:
         text = Path(full).read_text(encoding="utf-8")
@@ -238,8 +243,10 @@ def absolute_options(options: list[str], base: str | None = None) -> list[str]:
 
 
 def _join(base: str | None, path: str) -> str:
-    if path.startswith("file:"):
+    if path.startswith("file:") or _remote.is_remote(path):
         return path
+    if base is not None and _remote.is_remote(base):
+        return f"{base}/{path.removeprefix('./')}"  # an include beside a remote file
     expanded = os.path.expanduser(path)
     if os.path.isabs(expanded):
         return os.path.normpath(expanded)

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from ..errors import BuildError, SpecError
 from ..spec.paths import resolve_path
+from ..spec.ray import gcs_uri_reason
+from . import _remote
 from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
 from ._store import materialize
 from ._unpack import flatten_single_dir, safe_unzip
-from ._untar import is_tar, safe_untar
+from ._untar import TAR_SUFFIXES, is_tar, safe_untar
 from ._uv import installer_env, uv_bin
 from .base import BuildContext
 
@@ -39,9 +41,11 @@ def is_url(value: str) -> bool:
 
 
 def kind_of(location: str) -> str:
-    """``url``, ``zip``, ``tar``, ``whl``, ``py`` (a single module file) or ``dir``."""
+    """``url`` (http), ``remote`` (fsspec), ``zip``, ``tar``, ``whl``, ``py`` or ``dir``."""
     if is_url(location):
         return "url"
+    if _remote.is_remote(location):
+        return "remote"
     if is_tar(location) and not os.path.isdir(location):
         return "tar"
     for suffix in ("zip", "whl", "py"):
@@ -58,12 +62,23 @@ def normalize(value: object, field: str, *, kinds: Sequence[str]) -> str:
         if "url" not in kinds:
             raise SpecError(field, "URLs are not accepted here")
         return value
+    gcs = gcs_uri_reason(value)
+    if gcs:
+        raise SpecError(field, gcs)
+    if _remote.is_remote(value):
+        if "url" not in kinds:
+            raise SpecError(field, "URIs are not accepted here")
+        if not value.split("?", 1)[0].endswith((".zip", ".whl", *TAR_SUFFIXES)):
+            raise SpecError(
+                field,
+                f"{_remote.redact(value)}: remote URIs must name an archive"
+                " (.zip, .whl, .tar.gz, .tgz, .tar), as in Ray",
+            )
+        _remote.check_protocol(value, field)
+        return value
     if "://" in value:
         scheme = value.split("://", 1)[0]
-        raise SpecError(
-            field,
-            f"{scheme}:// URIs are not supported; give a local path or an http(s) URL to a zip",
-        )
+        raise SpecError(field, f"{scheme}:// is not a URI scheme any fsspec protocol can take")
     path = resolve_path(value)
     if not os.path.exists(path):
         raise SpecError(field, f"{path} does not exist")
@@ -80,7 +95,7 @@ def _describe(kinds: Sequence[str]) -> str:
         "zip": "a .zip file",
         "tar": "a .tar.gz/.tgz/.tar file",
         "whl": "a .whl file",
-        "url": "an http(s) URL",
+        "url": "an http(s) URL or a remote URI (s3://, gs://, ...)",
     }
     return ", ".join(names[k] for k in kinds)
 
@@ -138,6 +153,13 @@ def _digest(
     kind = kind_of(location)
     if kind == "url":
         return f"url:{location}"
+    if kind == "remote":
+        tag, size = _remote.stat(location, field)
+        if size > limit:
+            raise SpecError(
+                field, f"{_remote.redact(location)} is {_mb(size)}, over the limit of {_mb(limit)}"
+            )
+        return _remote.digest_of(location, tag)
     if kind in ("zip", "tar", "whl"):
         size = os.path.getsize(location)
         if size > limit:
@@ -177,15 +199,18 @@ async def create(
     """
     kind = kind_of(location)
     target = build.target
-    if kind == "url":
-        name = location.rsplit("/", 1)[-1].split("?", 1)[0] or "download.zip"
+    if kind in ("url", "remote"):
+        name = location.split("?", 1)[0].rsplit("/", 1)[-1] or "download.zip"
         # Beside the target, not in it: the target must hold only the archive's content.
         # Named after the target, so the agent's start-up sweep removes it if we die.
         holder = target.with_name(target.name + ".download")
         try:
             holder.mkdir()
             archive = holder / name
-            await fetch(location, archive, build)
+            if kind == "url":
+                await fetch(location, archive, build)
+            else:
+                await _remote.fetch(location, archive, expected, build)
             return await _unpack_archive(archive, build, flatten=flatten)
         finally:
             await build.to_thread(shutil.rmtree, holder, True)

@@ -26,6 +26,7 @@ from ..context import ContextBuilder
 from ..errors import BuildError, SpecError
 from ..spec.model import sha256_of
 from ..spec.paths import resolve_path
+from . import _remote
 from ._support import write_support
 from .base import BuildContext, RuntimeEnvPlugin
 
@@ -103,6 +104,8 @@ class CondaPlugin(RuntimeEnvPlugin):
 
     def validate(self, value: Any) -> str | dict[str, Any]:
         if isinstance(value, str):
+            if value.endswith((".yml", ".yaml")) and _remote.is_remote(value):
+                return self._env_dict(_parse_yaml(_remote.read_text(value, ""), value))
             if value.endswith((".yml", ".yaml")):
                 return self._env_dict(_load_yaml(resolve_path(value)))
             if os.sep in value or value.startswith((".", "~")):
@@ -189,6 +192,13 @@ def _record(target: Path, prefix: str) -> None:
 def _remove_recorded(resource: Path) -> None:
     prefix = (resource / "prefix.txt").read_text(encoding="utf-8").strip()
     shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError("", f"{_remote.redact(where)} is not valid YAML: {exc}") from None
 
 
 def _load_yaml(path: str) -> Any:

@@ -72,7 +72,7 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         limit = _sources.max_bytes(self.max_bytes)
         for location in value:
             kind = _sources.kind_of(location)
-            prefix = {"url": "url:", "zip": "zip:", "tar": "tar:", "whl": "whl:"}.get(kind, "tree:")
+            prefix = kind + ":" if kind in ("url", "remote", "zip", "tar", "whl") else "tree:"
             if not expected.startswith(prefix):
                 continue
             try:

@@ -1,0 +1,198 @@
+"""Remote URIs through fsspec: ``s3://``, ``gs://``, ``file://``, ``abfs://``... (any protocol
+whose fsspec implementation is installed; ``s3fs`` and ``gcsfs`` come with the ``s3`` and
+``gcs`` extras). ``http(s)://`` keeps its own downloader (``_fetch``: no aiohttp needed).
+
+Who calls it: ``_sources`` (``working_dir``, ``py_modules``: ``stat`` at parse time for the
+env id, ``fetch`` in ``create``), ``_requirements`` and ``conda`` (``read_text`` of a remote
+requirements or environment file at parse time). Everything here blocks but ``fetch``, which
+holds one of the agent's download slots and runs the transfer in a thread.
+
+A remote object enters the env id and its resource URI by its URI *and* its version: the
+object's ETag (S3, GCS), version id or generation, else its mtime and size. An unchanged
+object is therefore never fetched twice, and a changed one makes a new environment.
+
+Credentials come from where the protocol's library looks (environment variables, config
+files, instance metadata); none is ever logged, and URIs are logged without user info or
+query strings. Errors are one line naming the URI: not found, access denied, no credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError, SpecError
+from .base import BuildContext
+
+#: Where a protocol's implementation comes from, for the install hint.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_LOCAL_SCHEMES = ("http", "https")
+#: Keys of fsspec's info() that identify an object's version, best first.
+_VERSION_KEYS = ("VersionId", "ETag", "etag", "generation", "md5Hash", "crc32c", "sha256")
+
+__all__ = [
+    "check_protocol",
+    "describe_error",
+    "digest_of",
+    "fetch",
+    "is_remote",
+    "read_text",
+    "redact",
+    "stat",
+    "version_of",
+]
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def is_remote(value: str) -> bool:
+    """Whether ``value`` is a URI fsspec handles (any ``scheme://`` but http(s))."""
+    scheme, sep, _ = value.partition("://")
+    return bool(sep) and scheme.lower() not in _LOCAL_SCHEMES and scheme.isidentifier()
+
+
+def redact(uri: str) -> str:
+    """``uri`` without user info, query or fragment: what logs and errors show."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return uri.split("?", 1)[0]
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    scheme = uri.split("://", 1)[0]
+    try:
+        cls = fsspec.get_filesystem_class(scheme)
+    except ImportError as exc:
+        extra = _EXTRAS.get(scheme)
+        hint = f" (pip install 'jupyter-runtimeenv[{extra}]')" if extra else ""
+        raise _Unsupported(f"the {scheme}:// protocol needs a package: {exc}{hint}") from None
+    except ValueError:
+        raise _Unsupported(f"no fsspec implementation of {scheme}:// is known") from None
+    options = cls._get_kwargs_from_urls(uri)
+    path = cls._strip_protocol(uri)
+    # A fresh instance: fsspec caches instances and their listings, which would hide a
+    # changed object from the next build.
+    return cls(skip_instance_cache=True, **options), path
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for what went wrong talking to the store; never a credential."""
+    name = type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return "not found (no such object or bucket)"
+    if isinstance(exc, PermissionError):
+        return "access denied"
+    if "NoCredentials" in name or "CredentialRetrieval" in name or "DefaultCredentials" in name:
+        return (
+            "no credentials found (looked where the protocol's library looks: environment"
+            " variables, config files, instance metadata)"
+        )
+    if isinstance(exc, _Unsupported):
+        return str(exc)
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{name}: {text[:200]}" if text else name
+
+
+def version_of(info: dict[str, Any]) -> str:
+    """What identifies this version of an object in fsspec's ``info``."""
+    for key in _VERSION_KEYS:
+        if info.get(key):
+            return f"{key}={str(info[key]).strip(chr(34))}"
+    stamp = info.get("mtime") or info.get("LastModified") or info.get("updated") or ""
+    return f"mtime={stamp};size={info.get('size')}"
+
+
+def check_protocol(uri: str, field: str) -> None:
+    """``SpecError`` if no fsspec implementation of ``uri``'s protocol is installed."""
+    import fsspec
+
+    scheme = uri.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ImportError, ValueError) as exc:
+        error = exc
+    else:
+        return
+    try:
+        _filesystem(uri)
+    except _Unsupported as exc:
+        raise SpecError(field, f"{redact(uri)}: {exc}") from None
+    raise SpecError(field, f"{redact(uri)}: {error}")  # pragma: no cover
+
+
+def stat(uri: str, field: str) -> tuple[str, int]:
+    """(version tag, size) of the object at ``uri``; ``SpecError`` naming field and URI."""
+    try:
+        fs, path = _filesystem(uri)
+        info = fs.info(path)
+    except Exception as exc:
+        raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
+    if info.get("type") == "directory":
+        raise SpecError(field, f"{redact(uri)}: is a directory; give an archive (.zip, .tar.gz)")
+    return version_of(info), int(info.get("size") or 0)
+
+
+def digest_of(uri: str, tag: str) -> str:
+    return "remote:" + hashlib.sha256(f"{uri}\0{tag}".encode()).hexdigest()[:40]
+
+
+def read_text(uri: str, field: str) -> str:
+    """The text of a small remote file (a requirements or environment file)."""
+    try:
+        fs, path = _filesystem(uri)
+        data: bytes = fs.cat_file(path)
+    except Exception as exc:
+        raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(field, f"{redact(uri)}: is not UTF-8 text") from None
+
+
+async def fetch(uri: str, dest: Path, expected: str, build: BuildContext) -> int:
+    """Download ``uri`` to ``dest`` if it still is the version ``expected`` (its digest)."""
+    async with build.limit("download"):
+        cancel = threading.Event()
+        try:
+            size = await build.to_thread(_download, uri, dest, expected, cancel)
+        except asyncio.CancelledError:
+            cancel.set()  # the thread stops at its next chunk
+            raise
+    build.log(f"downloaded {redact(uri)} ({size} bytes)")
+    return size
+
+
+def _download(uri: str, dest: Path, expected: str, cancel: threading.Event) -> int:
+    try:
+        fs, path = _filesystem(uri)
+        if digest_of(uri, version_of(fs.info(path))) != expected:
+            raise BuildError(
+                f"{redact(uri)} changed after the spec was parsed; parse the spec again"
+            )
+        size = 0
+        with fs.open(path, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(1 << 20):
+                if cancel.is_set():
+                    raise _Cancelled
+                out.write(chunk)
+                size += len(chunk)
+        return size
+    except (BuildError, _Cancelled):
+        raise
+    except Exception as exc:
+        raise BuildError(f"cannot download {redact(uri)}: {describe_error(exc)}") from None
