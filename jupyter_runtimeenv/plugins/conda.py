@@ -198,7 +198,8 @@ def _parse_yaml(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError("", f"{_remote.redact(where)} is not valid YAML: {exc}") from None
+        reason = " ".join(str(exc).split())
+        raise SpecError("", f"{_remote.redact(where)} is not valid YAML: {reason}") from None
 
 
 def _load_yaml(path: str) -> Any:
@@ -208,4 +209,4 @@ def _load_yaml(path: str) -> Any:
     except OSError as exc:
         raise SpecError("", f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise SpecError("", f"{path} is not valid YAML: {exc}") from None
+        raise SpecError("", f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
