@@ -2,8 +2,11 @@
 or one created from an ``environment.yml`` (a mapping, or a path to the file).
 
 Who calls it: ``spec.parse`` (``validate``) and the agent (``uris``, ``create``,
-``modify_context``). Creating needs micromamba, mamba or conda on PATH (or ``$MAMBA_EXE`` /
-``$CONDA_EXE``); without one the build fails saying which names were tried. Conda envs are
+``modify_context``). Creating uses micromamba, mamba or conda on PATH (or ``$MAMBA_EXE`` /
+``$CONDA_EXE``), else py-rattler (the ``conda`` extra, see ``_rattler``); without either the
+build fails saying which names were tried. An env without its own python (say, only tools
+and data from noarch packages) runs workers on the driver's python with the env's ``bin``
+first on ``PATH`` and ``CONDA_PREFIX`` set. Conda envs are
 not relocatable, so a created env lives at ``<cache_root>/shared/conda/<key>`` and the
 resource directory (which the agent renames into place) records its prefix; ``delete``
 removes it on eviction. Either way the resource holds the ``support`` directory that makes
@@ -18,7 +21,7 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -26,8 +29,9 @@ from ..context import ContextBuilder
 from ..errors import BuildError, SpecError
 from ..spec.model import sha256_of
 from ..spec.paths import resolve_path
-from . import _remote
+from . import _rattler, _remote
 from ._support import write_support
+from ._uv import installer_env, uv_bin
 from .base import BuildContext, RuntimeEnvPlugin
 
 if TYPE_CHECKING:
@@ -97,10 +101,16 @@ def _python_of(prefix: str) -> str | None:
 
 
 class CondaPlugin(RuntimeEnvPlugin):
+    """``builder``: ``"auto"`` (a conda binary if one is found, else py-rattler),
+    ``"binary"`` or ``"rattler"``."""
+
     name = "conda"
     conflicts = ("pip",)
     priority = 10
     description = "an existing conda env (name or prefix) or an environment.yml to create"
+
+    def __init__(self, builder: Literal["auto", "binary", "rattler"] = "auto") -> None:
+        self.builder = builder
 
     def validate(self, value: Any) -> str | dict[str, Any]:
         if isinstance(value, str):
@@ -126,6 +136,12 @@ class CondaPlugin(RuntimeEnvPlugin):
         deps = data.get("dependencies")
         if not isinstance(deps, list) or not deps:
             raise SpecError("dependencies", "expected a non-empty list of packages")
+        channels = data.get("channels")
+        if channels is not None:
+            if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+                raise SpecError("channels", "expected a list of channel names or URLs")
+            # A local channel directory, relative to the spec like every other path.
+            data = {**data, "channels": [_channel(c) for c in channels]}
         # name and prefix are dropped: where the env lives is the agent's business.
         return {k: data[k] for k in ("channels", "dependencies", "variables") if k in data}
 
@@ -141,43 +157,89 @@ class CondaPlugin(RuntimeEnvPlugin):
             prefix = value
         else:
             prefix = await build.to_thread(find_named_env, value)
-        if not await build.to_thread(_python_of, prefix):
+        if not isinstance(value, dict) and not await build.to_thread(_python_of, prefix):
             raise BuildError(f"{prefix} is not a conda environment: it has no bin/python")
         build.log(f"conda environment: {prefix}")
         await build.to_thread(_record, build.target, prefix)
         return 0
 
     async def _create_env(self, uri: str, value: dict[str, Any], build: BuildContext) -> str:
-        exe = find_binary()
+        exe = None if self.builder == "rattler" else self._binary()
         prefix = _shared_prefix(build.cache_root, uri)
         await build.to_thread(shutil.rmtree, prefix, True)  # leftovers of a failed attempt
+        try:
+            async with build.limit("install"):
+                if exe is None:
+                    pip = await _rattler.create_env(value, prefix, build)
+                    if pip:
+                        await _install_pip(prefix, pip, build)
+                else:
+                    await self._create_with(exe, prefix, value, build)
+        except BaseException:
+            await build.to_thread(shutil.rmtree, prefix, True)
+            raise
+        return str(prefix)
+
+    def _binary(self) -> str | None:
+        """The conda binary to use, or None for py-rattler."""
+        try:
+            return find_binary()
+        except BuildError as missing:
+            if self.builder == "binary" or not _rattler.available():
+                raise BuildError(
+                    f"{missing}; or install py-rattler (pip install"
+                    " 'jupyter-runtimeenv[conda]') to build without a conda binary"
+                ) from None
+            return None
+
+    async def _create_with(
+        self, exe: str, prefix: Path, value: dict[str, Any], build: BuildContext
+    ) -> None:
         envfile = build.target / "environment.yml"
         await build.to_thread(envfile.write_text, yaml.safe_dump(value))
         if Path(exe).name.startswith("micromamba"):
             argv = [exe, "create", "--yes", "--prefix", str(prefix), "--file", str(envfile)]
         else:
             argv = [exe, "env", "create", "--prefix", str(prefix), "--file", str(envfile)]
-        try:
-            async with build.limit("install"):
-                await build.run(argv, what=f"{Path(exe).name} env create")
-        except BaseException:
-            await build.to_thread(shutil.rmtree, prefix, True)
-            raise
-        return str(prefix)
+        await build.run(argv, what=f"{Path(exe).name} env create")
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         resource = Path(ctx.resource_path(uris[0]))
         prefix = (resource / "prefix.txt").read_text(encoding="utf-8").strip()
-        ctx.python = _python_of(prefix) or os.path.join(prefix, "bin", "python")
+        python = _python_of(prefix)
+        if python is not None:  # else: the driver's python, with the env's tools on PATH
+            ctx.python = python
+            ctx.extra_paths.append(str(resource / "support"))
         ctx.env_vars["CONDA_PREFIX"] = prefix
         ctx.env_vars["CONDA_DEFAULT_ENV"] = value if isinstance(value, str) else prefix
         path = ctx.env_vars.get("PATH") or os.environ.get("PATH", os.defpath)
-        ctx.env_vars["PATH"] = os.pathsep.join([os.path.dirname(ctx.python), path])
-        ctx.extra_paths.append(str(resource / "support"))
+        ctx.env_vars["PATH"] = os.pathsep.join([os.path.join(prefix, "bin"), path])
 
     async def delete(self, uri: str, path: Path) -> None:
         if uri.startswith("conda:env:"):
             await asyncio.to_thread(_remove_recorded, path)
+
+
+def _channel(name: str) -> str:
+    if name.startswith((".", "/", "~")):
+        return resolve_path(name)
+    return name
+
+
+async def _install_pip(prefix: Path, requirements: list[str], build: BuildContext) -> None:
+    python = await build.to_thread(_python_of, str(prefix))
+    if python is None:
+        raise BuildError(
+            "conda.dependencies: pip packages need python in the environment;"
+            " add python to the conda dependencies"
+        )
+    reqs = build.target / "conda-pip-requirements.txt"
+    await build.to_thread(reqs.write_text, "\n".join(requirements) + "\n")
+    await build.run(
+        [uv_bin(), "pip", "install", "--python", python, "-r", str(reqs)],
+        env=installer_env(build.cache_root),
+        what="uv pip install (conda's pip dependencies)",
+    )
 
 
 def _shared_prefix(cache_root: Path, uri: str) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from jupyter_runtimeenv.errors import BuildError, SpecError
+from jupyter_runtimeenv.plugins import PluginRegistry
 from jupyter_runtimeenv.plugins.conda import CondaPlugin
 from jupyter_runtimeenv.spec import parse
 
@@ -65,7 +66,11 @@ async def test_no_binary_says_which_names_were_tried(
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CONDA_EXE", raising=False)
     monkeypatch.delenv("MAMBA_EXE", raising=False)
-    agent = await make_agent()
+    # builder="binary": without it py-rattler (in the test extra) would build instead; see
+    # test_conda_rattler.py for that, and for the error when neither is there.
+    registry = PluginRegistry()
+    registry.add(CondaPlugin(builder="binary"))
+    agent = await make_agent(registry=registry)
     with pytest.raises(BuildError) as info:
         await agent.get_or_create({"conda": {"dependencies": ["python=3.11"]}}, "t")
     message = info.value.message
