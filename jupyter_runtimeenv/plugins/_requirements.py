@@ -57,6 +57,13 @@ RAY_KEYS = {
 }
 VERSION_KEYS = ("pip_version", "uv_version")
 ALL_KEYS = (*KEYS, *RAY_KEYS, *VERSION_KEYS)
+#: Keys only one of Ray's two fields has (``pip_check`` is also ours).
+_RAY_ONLY_KEYS = (
+    "pip_install_options",
+    "pip_version",
+    *(k for k in RAY_KEYS if k[:3] == "uv_"),
+    "uv_version",
+)
 #: Distributions workers import before any user code: a request must not break them.
 SELF = "jupyter-runtimeenv"
 CLOUDPICKLE = "cloudpickle"
@@ -120,7 +127,7 @@ def normalize(value: Any) -> dict[str, Any]:
 def _ray_keys(value: dict[Any, Any]) -> dict[str, Any]:
     """``value`` with Ray's key names mapped to ours; unknown keys refused."""
     out: dict[str, Any] = {}
-    prefixes = {str(k).split("_", 1)[0] for k in value if str(k).startswith(("pip_", "uv_"))}
+    prefixes = {str(k).split("_", 1)[0] for k in value if k in _RAY_ONLY_KEYS}
     if len(prefixes) > 1:
         raise SpecError("", "mixes pip_* and uv_* keys; Ray's pip field takes pip_*, uv takes uv_*")
     for key, item in value.items():

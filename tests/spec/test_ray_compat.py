@@ -150,6 +150,7 @@ VALID: list[tuple[dict[str, Any], Any, str]] = [
 @pytest.mark.parametrize(("data", "expected", "note"), VALID, ids=[v[2][:40] for v in VALID])
 def test_valid_ray_specs_parse(data: dict[str, Any], expected: Any, note: str) -> None:
     spec = parse(data)
+    assert parse(spec.to_json()).env_id == spec.env_id  # the normal form parses to itself
     fields = [k for k in data if not k.startswith("_") and k != "config"]
     if expected is None:
         return
@@ -217,7 +218,7 @@ INVALID: list[tuple[Any, str, str, str]] = [
     ({"pip": {"packages": ["a"], "pip_version": 22}}, "pip.pip_version", "version", ""),
     ({"pip": {"packages": 3}}, "pip.packages", "list", "packages of the wrong type"),
     (
-        {"pip": {"packages": ["a"], "pip_check": True, "uv_version": "0.4"}},
+        {"pip": {"packages": ["a"], "pip_version": "22", "uv_version": "0.4"}},
         "pip",
         "mixes",
         "DIFFERS: pip and uv are one field here, so either takes Ray's keys, but not mixed",
