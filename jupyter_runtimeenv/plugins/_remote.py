@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, SpecError
+from ..spec.ray import gcs_uri_reason
 from .base import BuildContext
 
 #: Where a protocol's implementation comes from, for the install hint.
@@ -153,6 +154,9 @@ def digest_of(uri: str, tag: str) -> str:
 
 def read_text(uri: str, field: str) -> str:
     """The text of a small remote file (a requirements or environment file)."""
+    ray_gcs = gcs_uri_reason(uri)
+    if ray_gcs:
+        raise SpecError(field, ray_gcs)
     try:
         fs, path = _filesystem(uri)
         data: bytes = fs.cat_file(path)

@@ -141,6 +141,7 @@ def test_a_changed_requirements_file_changes_the_env_id(bucket: Any) -> None:
             "must name an archive",
         ),
         (lambda b: {"working_dir": "gcs://_ray_pkg_abc.zip"}, "working_dir", "a Ray feature"),
+        (lambda b: {"pip": "gcs://_ray_pkg_abc/requirements.txt"}, "pip", "a Ray feature"),
         (lambda b: {"working_dir": "nosuchproto://x/y.zip"}, "working_dir", "no fsspec"),
     ],
 )
