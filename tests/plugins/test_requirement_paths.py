@@ -59,5 +59,5 @@ def test_every_relative_path_is_made_absolute_against_its_file(project: Path) ->
 
 
 def test_an_inline_spec_resolves_against_the_cwd(tmp_path: Path, project: Path) -> None:
-    value = parse({"pip": {"packages": [], "install_options": ["-f", "w"]}}).fields["pip"]
+    value = parse({"pip": {"packages": ["alpha"], "install_options": ["-f", "w"]}}).fields["pip"]
     assert value["install_options"] == ["-f", str(tmp_path / "w")]
