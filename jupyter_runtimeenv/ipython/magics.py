@@ -189,6 +189,8 @@ class RuntimeEnvMagics(Magics):
         if spec.config.eager_install:
             self._build(spec, widget=not args.no_widget and self._widgets())
         api.init(runtime_env=spec)
+        if spec.config.eager_install:
+            api.prestart()  # READY now: its first worker starts, so the first call skips that
         if not spec.config.eager_install:
             print(f"default runtime env {spec.env_id[:12]} set (built at the first task)")
 

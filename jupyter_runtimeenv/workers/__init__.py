@@ -1,6 +1,6 @@
 """Remote task execution: workers started in a composed environment, and the ``remote`` API.
 
-Public names: ``init``, ``remote``, ``get``, ``wait``, ``shutdown``, ``RemoteFunction``,
+Public names: ``init``, ``remote``, ``get``, ``wait``, ``prestart``, ``shutdown``, ``RemoteFunction``,
 ``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so that importing the
 package (as ``python -m jupyter_runtimeenv.workers._entry`` does) stays cheap.
 """
@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import RemoteFunction, get, init, remote, shutdown, wait
+    from .api import RemoteFunction, get, init, prestart, remote, shutdown, wait
     from .executor import Executor, LocalExecutor
     from .future import RemoteFuture
 
@@ -22,6 +22,7 @@ _EXPORTS = {
     "RemoteFuture": "future",
     "get": "api",
     "init": "api",
+    "prestart": "api",
     "remote": "api",
     "shutdown": "api",
     "wait": "api",
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteFuture",
     "get",
     "init",
+    "prestart",
     "remote",
     "shutdown",
     "wait",

@@ -83,6 +83,16 @@ def default_runtime_env() -> RuntimeEnvSpec | None:
         return _session.runtime_env
 
 
+def prestart(runtime_env: EnvLike | None = None) -> None:
+    """Start a worker for ``runtime_env`` (default: the session's default environment) now,
+    so that the first call does not wait for an interpreter start; the worker is stopped by
+    the idle timeout if no call comes. Who calls it: the ``%runtime_env`` magic, once an
+    eager build made the environment READY."""
+    spec = _session.runtime_env if runtime_env is None else _as_spec(runtime_env)
+    if spec is not None:
+        _session.get_executor().prestart(merge(spec, None))
+
+
 def shutdown() -> None:
     """Forget the session's settings; shut down the executor if the session created it."""
     with _session.lock:

@@ -53,6 +53,12 @@ class Executor(abc.ABC):
     def shutdown(self) -> None:
         """Stop every worker and release every environment. Idempotent."""
 
+    def prestart(self, runtime_env: RuntimeEnvSpec) -> None:  # noqa: B027 (optional hook)
+        """Start a worker for ``runtime_env`` before its first task, where the executor can.
+
+        Who calls it: ``api.prestart`` (the ``%runtime_env`` magic, after an eager build).
+        The default does nothing."""
+
     def __enter__(self) -> Executor:
         return self
 
@@ -121,6 +127,15 @@ class LocalExecutor(Executor):
         with self._lock:
             self._shut = True
         self._finalizer()
+
+    def prestart(self, runtime_env: RuntimeEnvSpec) -> None:
+        """Start the first worker of ``runtime_env``'s pool now (see ``Pool.prestart``): the
+        first call then skips the interpreter start. A no-op once shut down."""
+        try:
+            pool = self._pool_for(runtime_env)
+        except RuntimeError:
+            return  # shut down
+        pool.prestart()
 
     def _pool_for(self, spec: RuntimeEnvSpec) -> Pool:
         paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None

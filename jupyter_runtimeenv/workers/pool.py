@@ -13,6 +13,10 @@ next task does not wait for a process start (~80 ms: the interpreter, ``site``, 
 cloudpickle). The spare counts towards ``max_workers``, is never started while another
 worker is still starting, and is stopped by the idle timeout like any idle worker.
 
+``prestart`` asks for the first worker before the first task: it starts as soon as the
+environment is known (at once if it already is), counts towards ``max_workers``, is stopped
+by the idle timeout if no task comes, and is never started once the pool is closing.
+
 Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
 blocks (sending, spawning, settling futures, releasing) runs under it.
 """
@@ -73,6 +77,7 @@ class Pool:
         self._janitor_wake = threading.Event()
         self._janitor: threading.Thread | None = None
         self._closing = False
+        self._prestart = False
         _live_pools.add(self)
         _register_atexit()
         threading.Thread(
@@ -114,6 +119,16 @@ class Pool:
         if spare is not None:
             self._start_soon(spare)
         return True
+
+    def prestart(self) -> None:
+        """Start one worker now if the pool has none, so the first task finds it started
+        (at once if the environment is known, else as soon as it is). Who calls it:
+        ``LocalExecutor.prestart``, when a notebook has just made the environment READY."""
+        with self._lock:
+            self._prestart = True
+            worker = self._reserve_first()
+        if worker is not None:
+            self._start_soon(worker)
 
     def drain(self) -> None:
         """Take no new tasks; close once the queued and running ones are done."""
@@ -227,6 +242,13 @@ class Pool:
         self._workers.add(worker)
         return worker
 
+    def _reserve_first(self) -> WorkerProcess | None:
+        if self.ctx is None or self.state is not PoolState.READY or self._workers:
+            return None
+        worker = WorkerProcess(self.ctx, self)
+        self._workers.add(worker)
+        return worker
+
     def _finished(self) -> bool:
         return self.state is PoolState.DRAINING and not self._queue and self._empty(busy_only=True)
 
@@ -286,6 +308,8 @@ class Pool:
             if self.keep_spare and not spawn and len(self._workers) < self.max_workers:
                 spawn.append(worker := WorkerProcess(ctx, self))
                 self._workers.add(worker)
+            elif self._prestart and (worker := self._reserve_first()) is not None:
+                spawn.append(worker)
             closed = self.state is PoolState.CLOSED
         if closed:
             self._release_env()
