@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/bench_packages.py [--reps 5]
 
 Network: at start, six, attrs, packaging and numpy wheels are fetched once with
-``pip download`` (this machine reaches PyPI through pip) into a local wheelhouse kept in
-``$JRE_BENCH_WHEELHOUSE`` (default: ``<tmp>/jre-bench-wheelhouse``); every install after
-that is ``--no-index --find-links`` that wheelhouse, for the floors and for us alike.
+``pip download`` into the wheelhouse ``benchmarks/.wheelhouse`` (``$JRE_BENCH_WHEELHOUSE``,
+see ``_common.wheelhouse``); every install after that is ``--no-index --find-links`` that
+wheelhouse, for the floors and for us alike.
 The tests never use the network; this script is not a test.
 
 Rows (medians of ``--reps`` runs; ratio = ours / floor):
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import shutil
 import statistics
@@ -34,31 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _common import NUMPY, SMALL, hash_and_copy, make_tree, wheelhouse
+
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.plugins import _hashing
 from jupyter_runtimeenv.plugins._uv import uv_bin
-
-SMALL = ["six", "attrs", "packaging"]
-NUMPY = ["numpy"]
-
-
-def wheelhouse() -> Path:
-    where = Path(
-        os.environ.get("JRE_BENCH_WHEELHOUSE")
-        or Path(tempfile.gettempdir()) / "jre-bench-wheelhouse"
-    )
-    where.mkdir(parents=True, exist_ok=True)
-    names = {p.name.split("-")[0].lower() for p in where.glob("*.whl")}
-    if not {"six", "attrs", "packaging", "numpy"} <= names:
-        print(f"downloading wheels into {where} (pip, from PyPI) ...", flush=True)
-        subprocess.run(
-            [
-                *(sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"),
-                *("--dest", str(where), *SMALL, *NUMPY),
-            ],
-            check=True,
-        )
-    return where
 
 
 def imports_argv(python: str, packages: list[str]) -> list[str]:
@@ -90,30 +69,6 @@ async def ours_env(agent: RuntimeEnvAgent, packages: list[str]) -> float:
     assert await proc.wait() == 0
     elapsed = time.perf_counter() - start
     await agent.remove(ctx.env_id, force=True)  # the next run builds the venv again
-    return elapsed
-
-
-def make_tree(root: Path, files: int = 1000, total: int = 20 * 2**20) -> Path:
-    size = total // files
-    for i in range(files):
-        path = root / f"d{i % 20:02d}" / f"f{i:04d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(size))
-    # Backdated past the hash memo's racy window (1 s), as any file not just written is.
-    old = time.time() - 60
-    for path in root.rglob("*.bin"):
-        os.utime(path, (old, old))
-    return root
-
-
-def plain_hash_and_copy(src: Path, dest: Path) -> float:
-    start = time.perf_counter()
-    for path in sorted(src.rglob("*")):
-        if path.is_file():
-            hashlib.sha256(path.read_bytes()).hexdigest()
-    shutil.copytree(src, dest)
-    elapsed = time.perf_counter() - start
-    shutil.rmtree(dest)
     return elapsed
 
 
@@ -164,7 +119,7 @@ async def main(reps: int) -> None:
 
         # -- working_dir: 1,000 files, 20 MB.
         src = make_tree(fresh("tree"))
-        floor = await timed(reps, lambda: plain_hash_and_copy(src, tmp / "copy"))
+        floor = await timed(reps, lambda: hash_and_copy(src, tmp / "copy"))
 
         async def wd_first() -> float:
             _hashing._memo.clear()  # as in a new process

@@ -25,10 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import rss_mb  # noqa: E402
 
 from tests.wheelhouse import make_wheelhouse  # noqa: E402
 
@@ -43,7 +46,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(tmp: Path, wheelhouse: Path, port: int, token: str) -> subprocess.Popen[bytes]:
+def start_server(
+    tmp: Path, wheelhouse: Path, port: int, token: str, extension: bool = True
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         UV_NO_INDEX="1",
@@ -57,7 +62,7 @@ def start_server(tmp: Path, wheelhouse: Path, port: int, token: str) -> subproce
         sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
         "--ip=127.0.0.1", "--allow-root", f"--ServerApp.base_url={BASE_URL}",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp}",
-        "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
+        f"--ServerApp.jpserver_extensions={{'jupyter_runtimeenv': {extension}}}",
         f"--RuntimeEnvExtension.cache_dir={tmp / 'cache'}",
     ]  # fmt: skip
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 (closed with the process)
@@ -73,7 +78,24 @@ def request(
     return response.status, json.loads(response.read() or b"null")
 
 
-def one_round(envs: int) -> list[float]:
+def wait_until_up(
+    server: subprocess.Popen[bytes], conn: http.client.HTTPConnection, path: str, token: str
+) -> None:
+    for _ in range(600):  # the server takes a moment to listen
+        try:
+            if request(conn, "GET", path, token)[0] == 200:
+                return
+        except (OSError, http.client.HTTPException):
+            conn.close()
+        if server.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise SystemExit(f"the server did not answer {path}")
+
+
+def one_round(envs: int, measure: Callable[[str, int], None] | None = None) -> list[float]:
+    """Latencies of GET status while ``envs`` envs build; ``measure("idle"|"built", pid)``
+    is called with the server's pid before the builds start and once they are READY."""
     with tempfile.TemporaryDirectory(prefix="jre-bench-loop-") as name:
         tmp = Path(name)
         wheelhouse = make_wheelhouse(tmp / "wheelhouse")
@@ -81,17 +103,12 @@ def one_round(envs: int) -> list[float]:
         server = start_server(tmp, wheelhouse, port, token)
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            for _ in range(600):  # the server takes a moment to listen
-                try:
-                    if request(conn, "GET", f"{API}/status", token)[0] == 200:
-                        break
-                except (OSError, http.client.HTTPException):
-                    conn.close()
-                if server.poll() is not None:
-                    raise SystemExit((tmp / "server.log").read_text())
-                time.sleep(0.05)
-            else:
-                raise SystemExit("the server did not answer:\n" + (tmp / "server.log").read_text())
+            try:
+                wait_until_up(server, conn, f"{API}/status", token)
+            except SystemExit:
+                raise SystemExit((tmp / "server.log").read_text()) from None
+            if measure is not None:
+                measure("idle", server.pid)
             for packages in PACKAGE_SETS[:envs]:
                 code, body = request(conn, "POST", f"{API}/envs", token, {"pip": packages})
                 assert code == 201, (code, body)
@@ -107,8 +124,27 @@ def one_round(envs: int) -> list[float]:
                     break
             if counts.get("FAILED"):
                 raise SystemExit(f"a build failed; see {tmp / 'server.log'}")
+            if measure is not None:
+                measure("built", server.pid)
             conn.close()
             return latencies
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(30)
+
+
+def idle_rss(extension: bool) -> float:
+    """Resident MB of an idle server (with or without this extension), once it answers."""
+    with tempfile.TemporaryDirectory(prefix="jre-bench-rss-") as name:
+        tmp = Path(name)
+        port, token = free_port(), secrets.token_hex(16)
+        server = start_server(tmp, tmp, port, token, extension=extension)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            wait_until_up(server, conn, f"{BASE_URL}api/status", token)
+            conn.close()
+            time.sleep(0.5)  # let start-up garbage settle
+            return rss_mb([server.pid])
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(30)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
+
+from _common import noop, pipe_rtt, python_start
 
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
@@ -33,10 +34,6 @@ from jupyter_runtimeenv.workers.serialize import dump_call
 QUICK = "--quick" in sys.argv
 
 
-def noop() -> None:
-    return None
-
-
 def submit(pool: Pool, function: Callable[[], object]) -> RemoteFuture[object]:
     future: RemoteFuture[object] = RemoteFuture("noop")
     task = Task(b"", future, OutputTarget.capture("noop"))
@@ -47,39 +44,6 @@ def submit(pool: Pool, function: Callable[[], object]) -> RemoteFuture[object]:
 
 def context() -> EnvContext:
     return EnvContext(python=sys.executable, driver_sys_path=resolve_driver_sys_path())
-
-
-def pipe_rtt(rounds: int) -> float:
-    """Seconds per round trip of one byte through two pipes to a child echo process."""
-    echo = (
-        "import os\nwhile True:\n    b = os.read(0, 1)\n    if not b: break\n    os.write(1, b)\n"
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", echo], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
-    )
-    assert child.stdin is not None
-    assert child.stdout is not None
-    w, r = child.stdin.fileno(), child.stdout.fileno()
-    for _ in range(100):
-        os.write(w, b"x")
-        os.read(r, 1)
-    start = time.perf_counter()
-    for _ in range(rounds):
-        os.write(w, b"x")
-        os.read(r, 1)
-    elapsed = (time.perf_counter() - start) / rounds
-    child.stdin.close()
-    child.wait()
-    return elapsed
-
-
-def python_start(repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import cloudpickle"], check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def task_rtt(rounds: int) -> float:
@@ -142,8 +106,8 @@ def env_vars_first_task(repeat: int) -> float:
 
 def main() -> None:
     scale = 0.2 if QUICK else 1.0
-    floor_rtt = pipe_rtt(int(20000 * scale))
-    floor_start = python_start(max(3, int(10 * scale)))
+    floor_rtt = statistics.median(pipe_rtt(int(20000 * scale)))
+    floor_start = statistics.median(python_start(max(3, int(10 * scale))))
     rtt = task_rtt(int(10000 * scale))
     rate = throughput(int(40000 * scale))
     first = first_result(max(3, int(10 * scale)))

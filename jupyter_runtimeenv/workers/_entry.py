@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
 SETUP_HOOK_VAR = "JUPYTER_RUNTIMEENV_SETUP_HOOK"
+#: Set for a worker started ahead of its first task (``Pool.prestart``): it has time to
+#: import cloudpickle after HELLO, before that task comes. Removed from the environment.
+WARM_VAR = "JUPYTER_RUNTIMEENV_WARM"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: Functions loaded per driver-assigned key; the driver sends the blob anyway (it is small).
 _FUNCTION_CACHE_SIZE = 256
@@ -261,6 +264,8 @@ def main(argv: list[str]) -> int:
     protocol.send_frame(sock, protocol.HELLO, json.dumps(hello).encode())
     if setup_error is not None:
         return 4
+    if os.environ.pop(WARM_VAR, None):
+        import cloudpickle  # noqa: F401 (see WARM_VAR)
     try:
         serve(sock, protocol)
     except (protocol.ProtocolError, OSError) as exc:

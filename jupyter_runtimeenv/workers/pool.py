@@ -15,7 +15,9 @@ worker is still starting, and is stopped by the idle timeout like any idle worke
 
 ``prestart`` asks for the first worker before the first task: it starts as soon as the
 environment is known (at once if it already is), counts towards ``max_workers``, is stopped
-by the idle timeout if no task comes, and is never started once the pool is closing.
+by the idle timeout if no task comes, and is never started once the pool is closing. Having
+time, it also imports cloudpickle after its HELLO (``_entry.WARM_VAR``), which a function
+defined in a notebook (pickled by value) needs: the first call pays neither cost.
 
 Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
 blocks (sending, spawning, settling futures, releasing) runs under it.
@@ -24,6 +26,7 @@ blocks (sending, spawning, settling futures, releasing) runs under it.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -36,6 +39,7 @@ from enum import Enum
 from ..context import EnvContext
 from ..errors import BrokenWorker, WorkerError
 from .future import Task
+from ._entry import WARM_VAR
 from .process import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -245,7 +249,8 @@ class Pool:
     def _reserve_first(self) -> WorkerProcess | None:
         if self.ctx is None or self.state is not PoolState.READY or self._workers:
             return None
-        worker = WorkerProcess(self.ctx, self)
+        warm = {**self.ctx.env_vars, WARM_VAR: "1"}
+        worker = WorkerProcess(dataclasses.replace(self.ctx, env_vars=warm), self)
         self._workers.add(worker)
         return worker
 

@@ -51,6 +51,9 @@ def test_prestart_starts_the_worker_the_first_call_runs_on(client: EmbeddedClien
         assert executor.pools == [pool]
         assert pool.pids == [pid]
         assert jre.get(jre.remote(os.getpid).remote()) == pid
+        # It had time to import what a notebook's function (pickled by value) needs.
+        assert jre.get(jre.remote(eval).remote("'cloudpickle' in __import__('sys').modules"))
+        assert jre.get(jre.remote(os.getenv).remote("JUPYTER_RUNTIMEENV_WARM")) is None
         assert jre.get(jre.remote(os.getenv).remote("EARLY")) == "1"
         assert pool.pids == [pid]
     finally:
