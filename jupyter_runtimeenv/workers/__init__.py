@@ -1,8 +1,9 @@
 """Remote task execution: workers started in a composed environment, and the ``remote`` API.
 
-Public names: ``init``, ``remote``, ``get``, ``wait``, ``prestart``, ``shutdown``, ``RemoteFunction``,
-``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so that importing the
-package (as ``python -m jupyter_runtimeenv.workers._entry`` does) stays cheap.
+Public names: ``init``, ``remote``, ``get``, ``wait``, ``prestart``, ``shutdown``,
+``RemoteFunction``, ``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so
+that importing the package (as ``python -m jupyter_runtimeenv.workers._entry`` does) stays
+cheap.
 """
 
 from __future__ import annotations

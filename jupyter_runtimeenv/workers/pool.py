@@ -38,8 +38,8 @@ from enum import Enum
 
 from ..context import EnvContext
 from ..errors import BrokenWorker, WorkerError
-from .future import Task
 from ._entry import WARM_VAR
+from .future import Task
 from .process import WorkerProcess
 
 log = logging.getLogger(__name__)
