@@ -61,6 +61,33 @@ def repeat(reps: int, run: Callable[[int], float]) -> list[float]:
     return [run(i) for i in range(reps)]
 
 
+def pip_workloads(
+    who: str,
+    w1: Callable[[list[str], list[str], int], float],
+    reps: dict[str, int],
+    cold: list[str],
+    warm: list[str],
+) -> dict[str, Result]:
+    """A peer's W1 and W1n, cold and warm: ``w1(packages, pip_options, tag)`` builds a new
+    env (``pinned`` with ``tag``), runs the import task and returns the seconds taken."""
+    out: dict[str, Result] = {}
+    for label, packages, runs in (("W1", SMALL, reps["pip"]), ("W1n", NUMPY, reps["numpy"])):
+        w1(packages, warm, 900)  # fills pip's cache for the warm runs
+        for state, cache, base in (("cold", cold, 100), ("warm", warm, 200)):
+            progress(f"{who} {label} {state}")
+            out[f"{label} {state}"] = stats(
+                repeat(runs, lambda i, p=packages, c=cache, b=base: w1(p, c, b + i))
+            )
+    return out
+
+
+def error_runs(runs: int, run: Callable[[int], tuple[float, str | None]]) -> Result:
+    """W8: ``run(i)`` returns (seconds to the error, its message or None if none came)."""
+    done = [run(i) for i in range(runs)]
+    named = all(message is not None and MISSING in message for _, message in done)
+    return stats([seconds for seconds, _ in done], names=named)
+
+
 def pinned(packages: list[str], run: int) -> list[str]:
     """``packages`` plus a pin every version satisfies, distinct per run: a new env (and a
     new pip/uv resource) in every tool, with the same wheels installed."""

@@ -35,6 +35,7 @@ from _common import (
     count_files,
     cp_r,
     descendants,
+    error_runs,
     hash_and_copy,
     import_all,
     noop,
@@ -318,18 +319,17 @@ class Ours:
             self.floors["W6 at once"] = self.floors["W6 fork"] = self.floors["W6"]
             self.results["W6 fork"] = stats(fork_first_results(self.reps["start"]))
 
-            def missing(i: int) -> tuple[float, bool]:
+            def missing(i: int) -> tuple[float, str | None]:
                 env = self.pip([MISSING, f"six>=0.0.{400 + i}"])
                 with self.executor(client):
                     start = time.perf_counter()
                     try:
                         self.call(noop, env)
                     except BuildError as exc:
-                        return time.perf_counter() - start, MISSING in str(exc)
-                    return time.perf_counter() - start, False
+                        return time.perf_counter() - start, str(exc)
+                    return time.perf_counter() - start, None
 
-            runs = [missing(i) for i in range(self.reps["w8"])]
-            self.results["W8"] = stats([t for t, _ in runs], names=all(n for _, n in runs))
+            self.results["W8"] = error_runs(self.reps["w8"], missing)
 
     def s1_m1(self) -> None:
         """The server's latency while four envs build, and the agent's memory in it."""

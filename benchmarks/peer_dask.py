@@ -30,15 +30,15 @@ import dask
 import distributed
 from _common import (
     MISSING,
-    NUMPY,
-    SMALL,
     Result,
     change_one_byte,
     descendants,
+    error_runs,
     import_all,
     na,
     noop,
     pinned,
+    pip_workloads,
     progress,
     repeat,
     rss_mb,
@@ -93,13 +93,7 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
             uninstall(packages)
 
     cold, warm = ["--no-cache-dir"], []
-    for label, packages, runs in (("W1", SMALL, reps["pip"]), ("W1n", NUMPY, reps["numpy"])):
-        w1(packages, warm, 900)  # fills pip's cache for the warm runs
-        for state, cache, base in (("cold", cold, 100), ("warm", warm, 200)):
-            progress(f"dask {label} {state}")
-            out[f"{label} {state}"] = stats(
-                repeat(runs, lambda i, p=packages, c=cache, b=base: w1(p, c, b + i))
-            )
+    out.update(pip_workloads("dask", w1, reps, cold, warm))
 
     progress("dask W2 / W2b")
     client.submit(noop, pure=False).result()
@@ -159,7 +153,7 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
 
     out["W6"] = stats(repeat(reps["start"], w6), note="Environ plugin (restarts the workers)")
 
-    def w8(i: int) -> tuple[float, bool]:
+    def w8(i: int) -> tuple[float, str | None]:
         plugin = PipInstall(
             [MISSING, f"six>=0.0.{400 + i}"], pip_options=["--no-index", "--find-links", wh]
         )
@@ -168,11 +162,10 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
             client.register_plugin(plugin)
             client.submit(noop, pure=False).result()
         except Exception as exc:  # RuntimeError from pip, raised by register_plugin
-            return time.perf_counter() - start, MISSING in str(exc)
-        return time.perf_counter() - start, False
+            return time.perf_counter() - start, str(exc)
+        return time.perf_counter() - start, None
 
-    runs = [w8(i) for i in range(reps["w8"])]
-    out["W8"] = stats([t for t, _ in runs], names=all(n for _, n in runs))
+    out["W8"] = error_runs(reps["w8"], w8)
     out["S1"] = na("no server in a notebook's path to measure")
     client.close()
     cluster.close()

@@ -27,16 +27,17 @@ import ray.cloudpickle
 from _common import (
     FOUR,
     MISSING,
-    NUMPY,
     SMALL,
     Result,
     change_one_byte,
     count_files,
     descendants,
+    error_runs,
     import_all,
     na,
     noop,
     pinned,
+    pip_workloads,
     progress,
     repeat,
     rss_mb,
@@ -77,13 +78,7 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
         return timed(lambda: ray.get(task.options(runtime_env=env).remote(packages)))
 
     cold, warm = ["--no-cache-dir"], ["--cache-dir", pip_cache]
-    for label, packages, runs in (("W1", SMALL, reps["pip"]), ("W1n", NUMPY, reps["numpy"])):
-        w1(packages, warm, 900)  # fills pip's cache for the warm runs
-        for state, cache, base in (("cold", cold, 100), ("warm", warm, 200)):
-            progress(f"ray {label} {state}")
-            out[f"{label} {state}"] = stats(
-                repeat(runs, lambda i, p=packages, c=cache, b=base: w1(p, c, b + i))
-            )
+    out.update(pip_workloads("ray", w1, reps, cold, warm))
 
     progress("ray W2 / W2b")
     env = pip_env(pinned(SMALL, 200), warm)  # built in W1 warm
@@ -147,17 +142,16 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
 
     out["W6"] = stats(repeat(reps["start"], w6))
 
-    def w8(i: int) -> tuple[float, bool]:
+    def w8(i: int) -> tuple[float, str | None]:
         env = pip_env([MISSING, f"six>=0.0.{400 + i}"], warm)
         start = time.perf_counter()
         try:
             ray.get(nop.options(runtime_env=env).remote(), timeout=300)
         except Exception as exc:  # RuntimeEnvSetupError
-            return time.perf_counter() - start, MISSING in str(exc)
-        return time.perf_counter() - start, False
+            return time.perf_counter() - start, str(exc)
+        return time.perf_counter() - start, None
 
-    runs = [w8(i) for i in range(reps["w8"])]
-    out["W8"] = stats([t for t, _ in runs], names=all(n for _, n in runs))
+    out["W8"] = error_runs(reps["w8"], w8)
     out["S1"] = na("no server in a notebook's path to measure")
     ray.shutdown()
     return out
