@@ -9,6 +9,7 @@ own venvs (``benchmarks/.peers/``), where this package is not installed. A resul
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -28,6 +29,23 @@ MISSING = "jre-no-such-package-zzz"
 PAUSE = 0.5  # seconds between a notebook's %runtime_env cell and its next cell
 
 Result = dict[str, Any]
+
+
+class Emitted(dict[str, Result]):
+    """A peer's results, each printed on stdout as one JSON line the moment it is set, so a
+    runner cut short (``run.py``'s time limit) still hands over what it measured."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__()
+        print(json.dumps({"version": version}), flush=True)
+
+    def __setitem__(self, key: str, value: Result) -> None:
+        super().__setitem__(key, value)
+        print(json.dumps({"key": key, "result": value}), flush=True)
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        for key, value in dict(other, **kwargs).items():
+            self[key] = value
 
 
 def progress(message: str) -> None:

@@ -44,8 +44,9 @@ def imports_argv(python: str, packages: list[str]) -> list[str]:
     return [python, "-c", "import " + ", ".join(packages)]
 
 
-def floor_env(tmp: Path, cache: Path, packages: list[str]) -> float:
-    """uv venv + uv pip install + imports: the least any tool can do."""
+def floor_env(tmp: Path, cache: Path, packages: list[str], fails: bool = False) -> float:
+    """uv venv + uv pip install + imports: the least any tool can do. With ``fails``, an
+    install expected to fail (a missing package): uv venv + the failing install."""
     venv = tmp / f"floor-{time.monotonic_ns()}"
     env = {**os.environ, "UV_CACHE_DIR": str(cache), "UV_LINK_MODE": "hardlink"}
     start = time.perf_counter()
@@ -53,10 +54,12 @@ def floor_env(tmp: Path, cache: Path, packages: list[str]) -> float:
         [uv_bin(), "venv", "-q", str(venv), "--python", sys.executable], env=env, check=True
     )
     python = str(venv / "bin" / "python")
-    subprocess.run(
-        [uv_bin(), "pip", "install", "-q", "--python", python, *packages], env=env, check=True
-    )
-    subprocess.run(imports_argv(python, packages), check=True)
+    install = [uv_bin(), "pip", "install", "-q", "--python", python, *packages]
+    done = subprocess.run(install, env=env, capture_output=fails)
+    if fails == (done.returncode == 0):
+        raise SystemExit(f"{install}: exit code {done.returncode}")
+    if not fails:
+        subprocess.run(imports_argv(python, packages), check=True)
     elapsed = time.perf_counter() - start
     shutil.rmtree(venv)
     return elapsed

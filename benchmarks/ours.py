@@ -10,6 +10,7 @@ the next cell) and time the first call; their "no early start" twins time a firs
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import shutil
 import struct
 import subprocess
@@ -112,6 +113,8 @@ class Ours:
         self.results: dict[str, Result] = {}
         self.floors: dict[str, Result] = {}
         self._counter = 0
+        # The floors' uv calls (``floor_env``) read the wheelhouse from the environment.
+        os.environ.update(UV_NO_INDEX="1", UV_FIND_LINKS=str(wheelhouse))
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -330,6 +333,13 @@ class Ours:
                     return time.perf_counter() - start, None
 
             self.results["W8"] = error_runs(self.reps["w8"], missing)
+            cache = self.fresh("uv")
+            self.floors["W8"] = stats(
+                repeat(
+                    self.reps["w8"],
+                    lambda _i: floor_env(self.tmp, cache, [MISSING], fails=True),
+                )
+            )
 
     def s1_m1(self) -> None:
         """The server's latency while four envs build, and the agent's memory in it."""

@@ -30,7 +30,7 @@ import dask
 import distributed
 from _common import (
     MISSING,
-    Result,
+    Emitted,
     change_one_byte,
     descendants,
     error_runs,
@@ -52,8 +52,9 @@ cloudpickle.register_pickle_by_value(_common)  # the workers cannot import it
 
 
 def uploaded_files(name: str) -> int:
-    """W5's task: count the files of the uploaded directory on this worker."""
-    root = os.path.join(distributed.get_worker().local_directory, name)
+    """W5's task: count the files of the uploaded directory on this worker (its nanny
+    unpacks it in the nanny's directory, the parent of the worker's)."""
+    root = os.path.join(os.path.dirname(distributed.get_worker().local_directory), name)
     return sum(len(files) for _, _, files in os.walk(root))
 
 
@@ -61,9 +62,9 @@ def ignore(_item: object) -> None:
     """W4's no-op for ``client.map`` (which passes each item)."""
 
 
-def main(config: dict[str, Any]) -> dict[str, Result]:
+def main(config: dict[str, Any]) -> None:
     wh, reps, tree = config["wheelhouse"], config["reps"], Path(config["tree"])
-    out: dict[str, Result] = {}
+    out = Emitted(distributed.__version__)
     base_rss = rss_mb([os.getpid()])
     dask.config.set({"distributed.worker.daemon": False})
     start = time.perf_counter()
@@ -169,9 +170,8 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
     out["S1"] = na("no server in a notebook's path to measure")
     client.close()
     cluster.close()
-    return out
 
 
 if __name__ == "__main__":
     cfg = json.loads(Path(sys.argv[1]).read_text())
-    print(json.dumps({"version": distributed.__version__, "results": main(cfg)}))
+    main(cfg)

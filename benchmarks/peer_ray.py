@@ -28,7 +28,7 @@ from _common import (
     FOUR,
     MISSING,
     SMALL,
-    Result,
+    Emitted,
     change_one_byte,
     count_files,
     descendants,
@@ -48,10 +48,10 @@ from _common import (
 ray.cloudpickle.register_pickle_by_value(_common)  # the workers need not import it
 
 
-def main(config: dict[str, Any]) -> dict[str, Result]:
+def main(config: dict[str, Any]) -> None:
     wh, reps, tree = config["wheelhouse"], config["reps"], Path(config["tree"])
     pip_cache = tempfile.mkdtemp(prefix="ray-pip-cache-")
-    out: dict[str, Result] = {}
+    out = Emitted(ray.__version__)
     start = time.perf_counter()
     ray.init(
         address="local",
@@ -89,6 +89,7 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
         )
     )
     fresh = nop_once.options(runtime_env=env)
+    ray.get([fresh.remote() for _ in range(2)])  # ends the idle workers W2 left in this env
     out["W2b"] = stats(repeat(reps["start"], lambda _i: timed(lambda: ray.get(fresh.remote()))))
 
     progress("ray W3")
@@ -154,7 +155,6 @@ def main(config: dict[str, Any]) -> dict[str, Result]:
     out["W8"] = error_runs(reps["w8"], w8)
     out["S1"] = na("no server in a notebook's path to measure")
     ray.shutdown()
-    return out
 
 
 def _cmdline(pid: int) -> bytes:
@@ -181,4 +181,4 @@ if __name__ == "__main__":
         print(w5_job(sys.argv[2], sys.argv[3]))
         sys.exit(0)
     cfg = json.loads(Path(sys.argv[1]).read_text())
-    print(json.dumps({"version": ray.__version__, "results": main(cfg)}))
+    main(cfg)
