@@ -265,7 +265,10 @@ def main(argv: list[str]) -> int:
     if setup_error is not None:
         return 4
     if os.environ.pop(WARM_VAR, None):
-        import cloudpickle  # noqa: F401 (see WARM_VAR)
+        try:  # noqa: SIM105 - contextlib is not imported before it is needed
+            import cloudpickle  # noqa: F401 (see WARM_VAR)
+        except Exception:
+            pass  # the first call that needs it reports the error, as in any worker
     try:
         serve(sock, protocol)
     except (protocol.ProtocolError, OSError) as exc:
