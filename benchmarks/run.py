@@ -17,20 +17,27 @@ run as subprocesses (``peer_ray.py``, ``peer_dask.py``) in their venvs, on 127.0
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, Result, make_tree, progress, wheelhouse
+from _common import HERE, Result, descendants, make_tree, progress, wheelhouse
 from ours import Ours
 
 from jupyter_runtimeenv.plugins._uv import uv_bin
 
+#: The whole of ``--peers`` (not ``--quick``) must end within 15 minutes on 2 cores: a peer
+#: still running when its share is spent is stopped, keeping what it measured.
+BUDGET = 14.5 * 60
 PEERS = {"ray": ["ray[default]"], "dask": ["distributed"]}
 REPS = {
     "full": {"pip": 3, "numpy": 2, "rtt": 200, "start": 5, "w3": 2, "burst": 3, "wd": 5,
@@ -41,6 +48,8 @@ REPS = {
 #: The peers' pip-heavy workloads take 10-30 s a run (Ray's W8 a minute: it retries the
 #: install): fewer runs keep the whole within 15 minutes on 2 cores.
 PEER_CAPS = {"pip": 1, "numpy": 1, "w3": 1, "wd": 3, "start": 2, "w8": 1}
+#: Variants of a workload that only this project has (its early start, the fork prototype).
+OURS_ONLY = {"W2b cold", "W6 cold", "W6 at once", "W6 fork"}
 TARGETS_5X = {"W1 cold", "W1 warm", "W2b", "W3", "W5 first", "W5 unchanged", "W5 one byte", "W8"}
 
 START = "python start + import cloudpickle"
@@ -122,27 +131,46 @@ def peer_venv(name: str) -> Path:
 
 
 def run_peer(name: str, config: dict[str, Any], tmp: Path, timeout: float) -> dict[str, Any]:
-    """Run ``peer_<name>.py`` in its venv; every workload n/a if it fails."""
+    """Run ``peer_<name>.py`` in its venv, its progress lines forwarded as they come; what
+    it did not measure (it failed, or ran out of ``timeout``) says why."""
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(config))
     argv = [str(peer_venv(name)), str(HERE / f"peer_{name}.py"), str(path)]
     progress(f"{name}: running the workloads")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(HERE)}
     env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
+        start_new_session=True,  # its cluster's processes can be ended with it
+    )  # fmt: skip
+    lines: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=1)
+
+    def forward() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line[:1] == "[":
+                sys.stderr.write(f"  {line}")
+            elif line.strip():
+                tail.append(line.strip())
+
+    readers = [
+        threading.Thread(target=forward, daemon=True),
+        threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    error = None
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp
-        )
-        stdout, stderr, error = done.stdout, done.stderr, None
-        if done.returncode != 0:
-            tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            error = f"runner failed: {tail[:120]}"
-    except subprocess.TimeoutExpired as exc:
-        stdout, stderr = _text(exc.stdout), _text(exc.stderr)
+        if proc.wait(timeout) != 0:
+            error = f"runner failed: {(tail or ['no output'])[-1][:120]}"
+    except subprocess.TimeoutExpired:
         error = f"not reached in {timeout:.0f} s"
-    sys.stderr.write("".join(f"  {line}\n" for line in stderr.splitlines() if line[:1] == "["))
+        _kill_tree(proc)
+    for reader in readers:
+        reader.join(10)
     peer: dict[str, Any] = {"version": "?", "results": {}}
-    for line in stdout.splitlines():
+    for line in lines:
         if line.startswith("{"):
             item = json.loads(line)
             if "version" in item:
@@ -154,8 +182,15 @@ def run_peer(name: str, config: dict[str, Any], tmp: Path, timeout: float) -> di
     return peer
 
 
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+def _kill_tree(proc: subprocess.Popen[str]) -> None:
+    """End a runner cut short and every process below it (a cluster's daemons too)."""
+    below = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -211,6 +246,8 @@ def verdict(key: str, ours: Result, rate: float | None, target: tuple[str, float
 
 
 def peer_cell(key: str, ours: Result, peer: dict[str, Any]) -> str:
+    if key in OURS_ONLY:
+        return "—"
     result = peer["results"].get(key)
     if result is None:
         return f"n/a: {peer['error']}" if "error" in peer else "—"
@@ -271,9 +308,11 @@ def main() -> None:
         peers: dict[str, Any] = {}
         if args.peers:
             peer_reps = {k: min(v, PEER_CAPS.get(k, v)) for k, v in reps.items()}
-            for peer in PEERS:
+            for peer, share in zip(PEERS, (0.6, 1.0), strict=True):
+                # What is left of the budget: Ray gets 60 % of it, Dask the rest.
+                left = BUDGET - (time.time() - started) - 30
                 config = {"wheelhouse": str(wh), "tree": str(trees[peer]), "reps": peer_reps}
-                peers[peer] = run_peer(peer, config, tmp, timeout=300 if args.quick else 420)
+                peers[peer] = run_peer(peer, config, tmp, timeout=max(60.0, left * share))
     data = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "seconds": round(time.time() - started, 1),
