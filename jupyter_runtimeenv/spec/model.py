@@ -24,8 +24,7 @@ class RuntimeEnvConfig:
     installer: Literal["uv", "pip"] = "uv"
     #: A bare venv instead of one layered over the driver's packages.
     isolated: bool = False
-    #: Ray's ``log_files``: files whose lines Ray streams to the driver. Accepted; workers'
-    #: stdout/stderr already reach the cell (see the README's Ray table).
+    #: Ray's ``log_files`` (files Ray's dashboard shows for the env): accepted, not surfaced.
     log_files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ RAY_ONLY: dict[str, str] = {
     "_nsight": "Nsight Systems profiling of workers",
     "nsight": "Nsight Systems profiling of workers",
     "_rocprof_sys": "rocprof-sys profiling of workers",
+    "rocprof_sys": "rocprof-sys profiling of workers",
     "_unitrace": "unitrace profiling of workers",
     "mpi": "MPI worker groups",
 }
