@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
 import urllib.parse
 from pathlib import Path
@@ -32,6 +33,10 @@ from .base import BuildContext
 #: Where a protocol's implementation comes from, for the install hint.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _LOCAL_SCHEMES = ("http", "https")
+#: Variables the stores' libraries read credentials and endpoints from.
+_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCE_", "GCS", "AZURE_", "FSSPEC_", "BOTO")
+_instances: dict[tuple[Any, ...], Any] = {}
+_lock = threading.Lock()
 #: Keys of fsspec's info() that identify an object's version, best first.
 _VERSION_KEYS = ("VersionId", "ETag", "etag", "generation", "md5Hash", "crc32c", "sha256")
 
@@ -86,9 +91,36 @@ def _filesystem(uri: str) -> tuple[Any, str]:
         raise _Unsupported(f"no fsspec implementation of {scheme}:// is known") from None
     options = cls._get_kwargs_from_urls(uri)
     path = cls._strip_protocol(uri)
-    # A fresh instance: fsspec caches instances and their listings, which would hide a
-    # changed object from the next build.
-    return cls(skip_instance_cache=True, **options), path
+    # One instance per protocol, options and credential variables (a new S3 client costs
+    # ~0.5 s; setting AWS_* in the notebook after a failure must take effect). Not fsspec's
+    # own instance cache, which ignores the environment. Its listing cache could hide a
+    # changed object, so what we ask about is dropped from it.
+    key = (scheme, repr(sorted(options.items())), _credential_env())
+    with _lock:
+        fs = _instances.get(key)
+        if fs is None:
+            if len(_instances) > 32:
+                _instances.clear()
+            fs = _instances[key] = cls(skip_instance_cache=True, **options)
+    fs.invalidate_cache(path)
+    return fs, path
+
+
+def _credential_env() -> tuple[tuple[str, str], ...]:
+    """The credential-like variables, values hashed (a key, not a copy of secrets)."""
+    return tuple(
+        sorted(
+            (name, hashlib.sha256(value.encode()).hexdigest())
+            for name, value in os.environ.items()
+            if name.startswith(_CREDENTIAL_PREFIXES)
+        )
+    )
+
+
+def _forget_instances() -> None:
+    """After a failure: the next attempt starts from fresh clients (e.g. refreshed tokens)."""
+    with _lock:
+        _instances.clear()
 
 
 def describe_error(exc: BaseException) -> str:
@@ -142,6 +174,7 @@ def stat(uri: str, field: str) -> tuple[str, int]:
         fs, path = _filesystem(uri)
         info = fs.info(path)
     except Exception as exc:
+        _forget_instances()
         raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
     if info.get("type") == "directory":
         raise SpecError(field, f"{redact(uri)}: is a directory; give an archive (.zip, .tar.gz)")
@@ -161,6 +194,7 @@ def read_text(uri: str, field: str) -> str:
         fs, path = _filesystem(uri)
         data: bytes = fs.cat_file(path)
     except Exception as exc:
+        _forget_instances()
         raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
     try:
         return data.decode("utf-8")
@@ -199,4 +233,5 @@ def _download(uri: str, dest: Path, expected: str, cancel: threading.Event) -> i
     except (BuildError, _Cancelled):
         raise
     except Exception as exc:
+        _forget_instances()
         raise BuildError(f"cannot download {redact(uri)}: {describe_error(exc)}") from None

@@ -172,6 +172,10 @@ def test_no_credentials_is_one_line(
     assert info.value.field == "working_dir"
     assert "no credentials" in info.value.reason
     assert uri in str(info.value)
+    # Setting them in the notebook afterwards takes effect at the next parse.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    assert parse({"working_dir": uri}).get("working_dir") == uri
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed")
