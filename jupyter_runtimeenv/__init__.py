@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         CacheUnavailable,
         EnvInUse,
         EnvNotFound,
+        InvalidName,
         PluginNotFound,
         RemoteTaskError,
         RuntimeEnvError,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
         WorkerSetupError,
     )
     from .plugins import BuildContext, RuntimeEnvPlugin
-    from .spec import RuntimeEnvConfig, RuntimeEnvSpec, merge, parse
+    from .spec import RuntimeEnvConfig, RuntimeEnvSpec, SpecPolicy, merge, parse
     from .workers import (
         Executor,
         LocalExecutor,
@@ -59,6 +60,8 @@ _EXPORTS = {
     "EnvContext": "context",
     "EnvInUse": "errors",
     "EnvNotFound": "errors",
+    "InvalidName": "errors",
+    "SpecPolicy": "spec",
     "Executor": "workers",
     "LocalExecutor": "workers",
     "RemoteFunction": "workers",
@@ -100,6 +103,7 @@ __all__ = [
     "EnvInUse",
     "EnvNotFound",
     "Executor",
+    "InvalidName",
     "LocalExecutor",
     "PluginNotFound",
     "RemoteFunction",
@@ -112,6 +116,7 @@ __all__ = [
     "RuntimeEnvSpec",
     "SerializationError",
     "SpecError",
+    "SpecPolicy",
     "WorkerError",
     "WorkerSetupError",
     "__version__",

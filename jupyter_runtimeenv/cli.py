@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -23,7 +24,8 @@ from typing import Any
 from .agent import RuntimeEnvAgent, default_cache_dir
 from .agent.pgroups import LIVE
 from .agent.private import describe
-from .errors import BuildError, RuntimeEnvError, SpecError
+from .errors import BuildError, EnvNotFound, RuntimeEnvError, SpecError
+from .spec.strict_json import loads_strict
 
 CLI_HOLDER = "cli"
 
@@ -72,8 +74,11 @@ def _size(text: str) -> int:
     unit = text[-1] if text and text[-1] in units else ""
     number = text[: -1 or None] if unit else text
     try:
-        return int(float(number) * units[unit])
-    except ValueError:
+        value = float(number) * units[unit]
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(text)
+        return int(value)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected a size like 500M or 5G, got {text!r}") from None
 
 
@@ -81,10 +86,10 @@ def _spec_input(text: str) -> Any:
     """A path to a spec file, or inline JSON (starts with ``{``)."""
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text)
+            return loads_strict(text)
         except ValueError as exc:
             raise SpecError("", f"inline spec is not valid JSON: {exc}") from None
-    if not os.path.exists(text):
+    if "\0" in text or not os.path.exists(text):
         raise SpecError("", f"no spec file {text!r}")
     return text
 
@@ -208,13 +213,12 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
 
 
 async def _resolve_id(agent: RuntimeEnvAgent, prefix: str) -> str:
-    """Accept an unambiguous prefix of an env id, as ``docker`` and ``git`` do."""
-    ids: list[str] = [e["env_id"] for e in await agent.status() if e["env_id"].startswith(prefix)]
-    if len(ids) == 1:
-        return ids[0]
-    if not ids:
-        raise RuntimeEnvError(f"no environment {prefix!r}")
-    raise RuntimeEnvError(f"{prefix!r} is ambiguous: {', '.join(i[:12] for i in ids)}")
+    """Accept an unambiguous prefix of an env id, as ``docker`` and ``git`` do; anything
+    outside the hex alphabet is refused before it is looked up."""
+    try:
+        return await agent.resolve_id(prefix)
+    except EnvNotFound as exc:
+        raise RuntimeEnvError(str(exc)) from None
 
 
 def _install_kernelspec(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@
     │   └── BuildTimeout             ... because the build's deadline passed
     ├── EnvNotFound(KeyError)        no environment with that id
     ├── EnvInUse                     removing an environment that others still hold
+    ├── InvalidName(ValueError)      a holder or other name outside its alphabet
     ├── AgentUnavailable             the agent (server or embedded) cannot be reached
     ├── CacheUnavailable             the cache cannot be opened or written (full, read-only, ...)
     ├── WorkerError                  a worker process failed to start or to talk
@@ -31,6 +32,7 @@ __all__ = [
     "CacheUnavailable",
     "EnvInUse",
     "EnvNotFound",
+    "InvalidName",
     "PluginNotFound",
     "RemoteTaskError",
     "RuntimeEnvError",
@@ -154,6 +156,10 @@ class EnvNotFound(RuntimeEnvError, KeyError):
 
 class EnvInUse(RuntimeEnvError):
     """An environment cannot be removed while other holders reference it."""
+
+
+class InvalidName(RuntimeEnvError, ValueError):
+    """A holder name (or another name the agent keys things by) is outside its alphabet."""
 
 
 class AgentUnavailable(RuntimeEnvError):

@@ -28,7 +28,8 @@ from ..errors import (
 )
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry, default_registry
-from ..spec import RuntimeEnvSpec, parse
+from ..spec import TRUSTED, RuntimeEnvSpec, SpecPolicy, parse
+from ..spec.ids import check_holder, is_env_id, is_env_id_prefix
 from .build import EnvLog
 from .cache import Cache
 from .events import Event, EventBus, Listener
@@ -47,6 +48,13 @@ class RuntimeEnvAgent:
 
     ``async with RuntimeEnvAgent(cache_dir) as agent: ctx = await agent.get_or_create(spec,
     holder)``. ``build_timeout`` caps every spec's ``config.setup_timeout_seconds``.
+    ``policy`` is what specs given to it as data may ask for (``TRUSTED``: the user's own
+    process; the Jupyter server's agent is ``SpecPolicy.untrusted``); a ``RuntimeEnvSpec``
+    was judged by whoever parsed it.
+
+    Every env id and holder name that comes in is checked against its alphabet first (an id
+    that is not hex is ``EnvNotFound``, a bad holder ``InvalidName``): none reaches a path or
+    a query unchecked.
     """
 
     def __init__(
@@ -59,8 +67,10 @@ class RuntimeEnvAgent:
         build_timeout: float | None = None,
         registry: PluginRegistry | None = None,
         failure_ttl: float = 30.0,
+        policy: SpecPolicy = TRUSTED,
     ) -> None:
         self._cache_dir = cache_dir
+        self.policy = policy
         self.max_cache_bytes = max_cache_bytes
         self.build_timeout = build_timeout
         self.registry = registry or default_registry()
@@ -117,9 +127,10 @@ class RuntimeEnvAgent:
 
     # -- requests -------------------------------------------------------------------------
 
-    def parse(self, data: Any) -> RuntimeEnvSpec:
-        """Parse with this agent's plugins. Blocking (may hash files): use a thread on a loop."""
-        return parse(data, registry=self.registry)
+    def parse(self, data: Any, *, policy: SpecPolicy | None = None) -> RuntimeEnvSpec:
+        """Parse with this agent's plugins, under ``policy`` (default: the agent's). Blocking
+        (may hash files): use a thread on a loop."""
+        return parse(data, registry=self.registry, policy=policy or self.policy)
 
     async def ensure(
         self, spec: RuntimeEnvSpec, holder: str, *, retry: bool = False
@@ -128,6 +139,9 @@ class RuntimeEnvAgent:
         now (``wait`` for the result)."""
         cache = self.cache
         env_id = spec.env_id
+        check_holder(holder)
+        if not is_env_id(env_id):
+            raise RuntimeEnvError(f"not a parsed spec (env id {env_id[:80]!r}): use parse()")
         record = self._machine.get(env_id)
         if record is None or record.state is EnvState.READY:
             # Another process sharing the cache may have built it, or evicted it.
@@ -157,6 +171,7 @@ class RuntimeEnvAgent:
 
     async def wait(self, env_id: str) -> EnvContext:
         """The env's context once READY; the ``BuildError`` if it failed."""
+        _check_id(env_id)
         record = self._record(env_id)
         if record.state in (EnvState.PENDING, EnvState.BUILDING):
             await asyncio.shield(self._done[env_id])
@@ -177,12 +192,15 @@ class RuntimeEnvAgent:
 
     async def release(self, env_id: str, holder: str) -> bool:
         """Drop ``holder``'s reference; unreferenced resources become evictable."""
+        _check_id(env_id)
+        check_holder(holder)
         held = self._machine.release(env_id, holder)
         await asyncio.to_thread(self.cache.remove_ref, env_id, holder)
         return held
 
     async def release_holder(self, holder: str) -> list[str]:
         """Drop every reference of ``holder`` (a kernel that is gone); the env ids released."""
+        check_holder(holder)
         released = [r.env_id for r in self._machine.records.values() if holder in r.holders]
         for env_id in released:
             await self.release(env_id, holder)
@@ -193,6 +211,7 @@ class RuntimeEnvAgent:
 
         ``EnvInUse`` while others hold it, unless ``force``.
         """
+        _check_id(env_id)
         holders = await asyncio.to_thread(self.cache.holders, env_id)
         record = self._machine.get(env_id)
         if record is None and not holders and not await self._known(env_id):
@@ -235,14 +254,69 @@ class RuntimeEnvAgent:
                 )
         return sorted(out.values(), key=lambda e: e.get("created", 0))
 
+    async def summaries(
+        self, *, limit: int | None = None, offset: int = 0
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One page of every env, oldest first, without specs or contexts (``env_status``
+        has them), and how many envs there are. Reads no stored spec: its cost does not grow
+        with the size of the stored envs."""
+        out = {env_id: _summary(r.to_json()) for env_id, r in self._machine.records.items()}
+        for env in await asyncio.to_thread(self.cache.env_summaries):
+            known = out.get(env["env_id"])
+            if known is None:
+                out[env["env_id"]] = {**env, "state": EnvState.READY.value, "error": None}
+            else:
+                known["holders"] = sorted({*known["holders"], *env["holders"]})
+        ordered = sorted(out.values(), key=lambda e: (e.get("created", 0), e["env_id"]))
+        end = None if limit is None else offset + limit
+        return ordered[offset:end], len(ordered)
+
+    async def knows(self, env_id: str) -> bool:
+        """Whether this agent or its cache knows the env ``env_id`` (a whole id)."""
+        if not is_env_id(env_id):
+            return False
+        return self._machine.get(env_id) is not None or await self._known(env_id)
+
+    async def holders_matching(self, prefix: str) -> list[tuple[str, str]]:
+        """(env id, holder) of every reference whose holder starts with ``prefix``."""
+        refs = await asyncio.to_thread(self.cache.refs)
+        for env_id, record in self._machine.records.items():
+            refs.extend((env_id, h) for h in record.holders)
+        return sorted({(e, h) for e, h in refs if h.startswith(prefix)})
+
+    async def resolve_id(self, text: str) -> str:
+        """The env id that ``text`` (a whole id or an unambiguous prefix) names; ``EnvNotFound``
+        for anything else, a text outside the hex alphabet included."""
+        if not is_env_id_prefix(text):
+            raise EnvNotFound(f"no environment {text[:80]!r} (an env id is lowercase hex)")
+        if is_env_id(text) and (self._machine.get(text) is not None or await self._known(text)):
+            return text
+        found = {e for e in self._machine.records if e.startswith(text)}
+        found.update(await asyncio.to_thread(self.cache.env_ids_with_prefix, text))
+        if len(found) == 1:
+            return found.pop()
+        if not found:
+            raise EnvNotFound(f"no environment {text!r}")
+        shown = ", ".join(sorted(i[:12] for i in found)[:10])
+        raise EnvNotFound(f"{text!r} is ambiguous: it starts {len(found)} env ids ({shown})")
+
     async def env_status(self, env_id: str) -> dict[str, Any]:
-        for env in await self.status():
-            if env["env_id"] == env_id:
-                return env
-        raise EnvNotFound(env_id)
+        """One env (a whole id): state, holders, steps, spec, context once READY."""
+        _check_id(env_id)
+        record = self._machine.get(env_id)
+        stored = await asyncio.to_thread(self.cache.env_row, env_id)
+        if record is not None:
+            env = record.to_json()
+            if stored is not None:
+                env["holders"] = sorted({*env["holders"], *stored["holders"]})
+            return env
+        if stored is None:
+            raise EnvNotFound(env_id)
+        return {**stored, "state": EnvState.READY.value, "error": None, "steps": {}}
 
     async def log(self, env_id: str) -> str:
         """The build log of an env (also after a restart, from its file)."""
+        _check_id(env_id)
         if env_id in self._logs:
             return self._logs[env_id].text()
         path = self.cache.log_path(env_id)
@@ -455,3 +529,23 @@ class RuntimeEnvAgent:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _check_id(env_id: str) -> None:
+    # Whole ids only here: prefixes are resolved first (``resolve_id``).
+    if not is_env_id(env_id):
+        raise EnvNotFound(f"no environment {str(env_id)[:80]!r} (an env id is 64 hex digits)")
+
+
+_SUMMARY_KEYS = ("env_id", "state", "holders", "created", "updated", "last_used", "error")
+
+
+def _summary(env: dict[str, Any]) -> dict[str, Any]:
+    summary = {k: env[k] for k in _SUMMARY_KEYS if k in env}
+    if summary.get("error"):
+        summary["error"] = {
+            "message": env["error"].get("message", ""),
+            "step": env["error"].get("step", ""),
+        }
+    summary["fields"] = sorted(k for k in (env.get("spec") or {}) if k != "config")
+    return summary

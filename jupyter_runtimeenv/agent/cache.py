@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -36,6 +37,7 @@ import filelock
 import platformdirs
 
 from ..errors import CacheUnavailable
+from ..spec.ids import is_env_id, is_env_id_prefix
 from .pgroups import end_group, owner_alive, self_identity, start_time
 from .private import PRIVATE_DIR, describe, prepare_root, tighten_index
 
@@ -47,7 +49,7 @@ CREATE TABLE IF NOT EXISTS resources (
     size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS envs (
     env_id TEXT PRIMARY KEY, spec TEXT NOT NULL, context TEXT NOT NULL,
-    created REAL NOT NULL, last_used REAL NOT NULL);
+    created REAL NOT NULL, last_used REAL NOT NULL, fields TEXT);
 CREATE TABLE IF NOT EXISTS env_resources (
     env_id TEXT NOT NULL, uri TEXT NOT NULL, PRIMARY KEY (env_id, uri));
 CREATE TABLE IF NOT EXISTS refs (
@@ -139,6 +141,26 @@ class Cache:
                 db.close()
             raise CacheUnavailable(str(self.root), describe(exc, self.root)) from exc
         self._db = db
+        try:
+            self._migrate()
+        except (OSError, sqlite3.Error) as exc:
+            db.close()
+            raise CacheUnavailable(str(self.root), describe(exc, self.root)) from exc
+
+    def _migrate(self) -> None:
+        """Indexes written before envs had a ``fields`` column (the names of the spec's fields,
+        so that listing envs never decodes a stored spec) get it, filled in once."""
+        with self._tx() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(envs)")}
+            if "fields" not in columns:
+                db.execute("ALTER TABLE envs ADD COLUMN fields TEXT")
+            for env_id, spec in list(
+                db.execute("SELECT env_id, spec FROM envs WHERE fields IS NULL")
+            ):
+                db.execute(
+                    "UPDATE envs SET fields = ? WHERE env_id = ?",
+                    (json.dumps(_field_names(json.loads(spec))), env_id),
+                )
 
     def close(self) -> None:
         with self._lock:
@@ -224,6 +246,10 @@ class Cache:
     # -- resources --------------------------------------------------------------------------
 
     def resource_path(self, plugin: str, uri: str) -> Path:
+        # The plugin's name is a field name or an import path; anything else never becomes
+        # a directory name.
+        if not _SAFE_COMPONENT.fullmatch(plugin or "plugin"):
+            plugin = "plugin-" + hashlib.sha256(plugin.encode()).hexdigest()[:16]
         return self.root / "resources" / (plugin or "plugin") / resource_key(uri)
 
     def lookup(self, uri: str) -> Path | None:
@@ -355,8 +381,15 @@ class Cache:
         now = time.time()
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO envs VALUES (?, ?, ?, ?, ?)",
-                (env_id, json.dumps(spec), json.dumps(context), now, now),
+                "INSERT OR REPLACE INTO envs VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    env_id,
+                    json.dumps(spec, allow_nan=False),
+                    json.dumps(context, allow_nan=False),
+                    now,
+                    now,
+                    json.dumps(_field_names(spec)),
+                ),
             )
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
             db.executemany("INSERT INTO env_resources VALUES (?, ?)", [(env_id, u) for u in uris])
@@ -414,6 +447,71 @@ class Cache:
             for r in rows
         ]
 
+    def env_summaries(self) -> list[dict[str, Any]]:
+        """Every recorded env without its spec and context (``env_row`` has them): the cost
+        does not grow with the size of the stored specs."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT env_id, created, last_used, fields FROM envs"
+            ).fetchall()
+            holders = self._holders_by_env()
+        return [
+            {
+                "env_id": r[0],
+                "created": r[1],
+                "last_used": r[2],
+                "fields": json.loads(r[3] or "[]"),
+                "holders": sorted(holders.get(r[0], [])),
+            }
+            for r in rows
+        ]
+
+    def env_row(self, env_id: str) -> dict[str, Any] | None:
+        """One recorded env, spec and context included, or None."""
+        if not is_env_id(env_id):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT env_id, spec, context, created, last_used FROM envs WHERE env_id = ?",
+                (env_id,),
+            ).fetchone()
+            holders = [
+                r[0]
+                for r in self._db.execute("SELECT holder FROM refs WHERE env_id = ?", (env_id,))
+            ]
+        if row is None:
+            return None
+        return {
+            "env_id": row[0],
+            "spec": json.loads(row[1]),
+            "context": json.loads(row[2]),
+            "created": row[3],
+            "last_used": row[4],
+            "holders": sorted(holders),
+        }
+
+    def env_ids_with_prefix(self, prefix: str) -> list[str]:
+        """The recorded env ids starting with ``prefix`` (hex; anything else finds none)."""
+        if not is_env_id_prefix(prefix):
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT env_id FROM envs WHERE env_id >= ? AND env_id <= ?",
+                (prefix, prefix + "g"),
+            ).fetchall()
+        return [r[0] for r in rows if r[0].startswith(prefix)]
+
+    def refs(self) -> list[tuple[str, str]]:
+        """Every (env id, holder) reference."""
+        with self._lock:
+            return [(r[0], r[1]) for r in self._db.execute("SELECT env_id, holder FROM refs")]
+
+    def _holders_by_env(self) -> dict[str, list[str]]:
+        holders: dict[str, list[str]] = {}
+        for env_id, holder in self._db.execute("SELECT env_id, holder FROM refs"):
+            holders.setdefault(env_id, []).append(holder)
+        return holders
+
     def forget_env(self, env_id: str) -> list[str]:
         """Drop an env and its references; returns the URIs no other env uses."""
         with self._tx() as db:
@@ -461,4 +559,13 @@ class Cache:
     # -- logs -------------------------------------------------------------------------------
 
     def log_path(self, env_id: str) -> Path:
+        if not is_env_id(env_id):  # callers check first; a path is never built from anything else
+            raise ValueError(f"not an env id: {env_id[:80]!r}")
         return self.root / "logs" / f"{env_id}.log"
+
+
+_SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+def _field_names(spec: dict[str, Any]) -> list[str]:
+    return sorted(k for k in spec if k != "config")

@@ -23,7 +23,7 @@ from ..spec import parse
 from .provisioner import PROVISIONER_NAME
 
 _IPYKERNEL = re.compile(r"^\s*ipykernel\b", re.IGNORECASE)
-_NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
+_NAME = re.compile(r"[a-z0-9._-]+", re.IGNORECASE)
 
 
 def kernelspec_dict(
@@ -73,7 +73,7 @@ def install_kernelspec(
 ) -> str:
     """Install kernelspec ``name`` starting its kernel in ``spec`` (a mapping or a YAML/JSON
     file); returns the kernelspec's directory. ``SpecError`` for a bad spec or name."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise SpecError("", f"kernelspec name {name!r}: use letters, digits, '.', '_' and '-'")
     parsed = parse(spec if isinstance(spec, Mapping) else Path(spec))
     canonical = parse(with_ipykernel(parsed.to_json())).to_json()

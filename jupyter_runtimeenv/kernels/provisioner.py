@@ -31,6 +31,7 @@ from ..context import SYS_PATH_VAR, EnvContext, compose, process_env
 from ..errors import RuntimeEnvError
 from ..server.app import kernel_holder, local_agent
 from ..server.client import KERNEL_ID_VAR
+from ..spec import TRUSTED
 
 PROVISIONER_NAME = "runtime-env-provisioner"
 
@@ -99,7 +100,10 @@ class RuntimeEnvProvisioner(LocalProvisioner):
         spec = spec_for_kernel(self.runtime_env, list(self.kernel_spec.argv))
         agent = await local_agent()
         if agent is not None:
-            self.context = await agent.get_or_create(spec, self.holder)
+            # The kernelspec is a file on the server's disk, as trusted as its argv (which
+            # the server runs anyway): not a request, so not the REST policy.
+            parsed = await asyncio.to_thread(agent.parse, spec, policy=TRUSTED)
+            self.context = await agent.get_or_create(parsed, self.holder)
         else:
             self.context = await get_client().acquire(spec, self.holder)
         return self.context

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 #: Tried in this order: micromamba and mamba solve much faster than conda.
 BINARIES = ("micromamba", "mamba", "conda")
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _ENV_KEYS = ("name", "channels", "dependencies", "variables", "prefix")
 
 __all__ = ["BINARIES", "CondaPlugin", "find_binary", "find_named_env"]
@@ -120,7 +120,7 @@ class CondaPlugin(RuntimeEnvPlugin):
                 return self._env_dict(_load_yaml(resolve_path(value)))
             if os.sep in value or value.startswith((".", "~")):
                 return resolve_path(value)
-            if not _NAME.match(value):
+            if not _NAME.fullmatch(value):
                 raise SpecError("", f"{value!r} is not an env name, a prefix or a .yml file")
             return value
         if isinstance(value, dict):

@@ -15,6 +15,7 @@ from typing import Any
 from ..context import ContextBuilder
 from ..errors import SpecError
 from ..spec.paths import find_executable
+from ..spec.policy import current_policy
 from .base import RuntimeEnvPlugin
 
 
@@ -31,6 +32,9 @@ class DriverPythonPlugin(RuntimeEnvPlugin):
         path = find_executable(value)
         if path is None:
             raise SpecError("", f"{value!r} is not an executable file")
+        current_policy().check_executable(
+            path
+        )  # the probe runs it: interpreters only, if untrusted
         return path
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:

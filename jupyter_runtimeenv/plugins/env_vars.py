@@ -10,7 +10,8 @@ from ..context import ContextBuilder
 from ..errors import SpecError
 from .base import RuntimeEnvPlugin
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Full matches only: with re.match, "$" also matches before a final newline ("A\n").
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class EnvVarsPlugin(RuntimeEnvPlugin):
@@ -22,7 +23,7 @@ class EnvVarsPlugin(RuntimeEnvPlugin):
         if not isinstance(value, dict):
             raise SpecError("", f"expected a mapping of names to strings, got {_kind(value)}")
         for key, item in value.items():
-            if not isinstance(key, str) or not _NAME.match(key):
+            if not isinstance(key, str) or not _NAME.fullmatch(key):
                 raise SpecError(str(key) or "''", "expected a variable name like MY_VAR")
             if not isinstance(item, str):
                 raise SpecError(key, f"expected a string, got {_kind(item)}")

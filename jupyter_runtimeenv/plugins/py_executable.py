@@ -17,6 +17,7 @@ from typing import Any
 from ..context import ContextBuilder
 from ..errors import SpecError
 from ..spec.paths import find_executable
+from ..spec.policy import current_policy
 from .base import RuntimeEnvPlugin
 
 __all__ = ["PyExecutablePlugin", "split_command"]
@@ -44,12 +45,21 @@ class PyExecutablePlugin(RuntimeEnvPlugin):
             raise SpecError("", f"expected a path or a command name, got {value!r}")
         whole = find_executable(value)
         if whole is not None:  # a path with spaces in it is still one path
+            current_policy().check_executable(whole)
             return whole if os.sep in value else value
         words = split_command(value)
         first = words[0]
         found = find_executable(first)
         if found is None:
             raise SpecError("", f"{first!r} is not an executable file or a command on PATH")
+        policy = current_policy()
+        if len(words) > 1 and not policy.any_executable:
+            raise SpecError(
+                "",
+                f"{value!r}: a command line is not accepted here, only the path or name of a"
+                " Python interpreter",
+            )
+        policy.check_executable(found)
         # Keep the name the user gave when it is a command (PATH may differ per machine);
         # make paths absolute so that the env id does not depend on the caller's cwd.
         words[0] = found if os.sep in first else first

@@ -21,23 +21,36 @@ __all__ = ["ENTRY_POINT_GROUP", "PluginRegistry", "default_registry", "load_plug
 
 
 def load_plugin(path: str, *, field: str = "plugins") -> RuntimeEnvPlugin:
-    """Instantiate the plugin class at ``path`` (``pkg.mod.Class`` or ``pkg.mod:Class``)."""
+    """Instantiate the plugin class at ``path`` (``pkg.mod.Class`` or ``pkg.mod:Class``).
+
+    Whatever importing or constructing it raises, ``SystemExit`` included, comes back as a
+    ``PluginNotFound`` naming ``field``: a plugin never ends the process that loads it. Only a
+    ``KeyboardInterrupt`` in the main thread (a real Ctrl-C, in a CLI) passes.
+    """
     module_name, sep, attr = path.replace(":", ".").rpartition(".")
     if not sep or not module_name or not attr:
         raise PluginNotFound(field, f"{path!r} is not an import path like 'package.module.Class'")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except BaseException as exc:
+        _reraise_interrupt(exc)
         raise PluginNotFound(
             field, f"cannot import plugin {path!r}: {type(exc).__name__}: {exc}"
         ) from exc
     try:
         obj = getattr(module, attr)
-    except AttributeError as exc:
+    except BaseException as exc:
+        _reraise_interrupt(exc)
         raise PluginNotFound(
             field, f"cannot import plugin {path!r}: {module_name} has no {attr!r}"
         ) from exc
-    plugin = obj() if isinstance(obj, type) else obj
+    try:
+        plugin = obj() if isinstance(obj, type) else obj
+    except BaseException as exc:
+        _reraise_interrupt(exc)
+        raise PluginNotFound(
+            field, f"cannot create plugin {path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(plugin, RuntimeEnvPlugin):
         raise PluginNotFound(
             field, f"{path!r} is not a RuntimeEnvPlugin (got {type(plugin).__name__})"
@@ -45,24 +58,31 @@ def load_plugin(path: str, *, field: str = "plugins") -> RuntimeEnvPlugin:
     return plugin
 
 
+def _reraise_interrupt(exc: BaseException) -> None:
+    # A real Ctrl-C is delivered to the main thread only; anywhere else (the server parses
+    # in worker threads) a KeyboardInterrupt comes from the module itself.
+    if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        raise exc
+
+
+def _normal_path(path: str) -> str:
+    return path.replace(":", ".")
+
+
 class PluginRegistry:
     """The plugins one agent or parser may use.
 
     ``plugins`` are used as given (tests inject fakes this way); otherwise the entry point
-    group is read. ``allowed`` limits which import paths a spec's ``plugins`` field may name
-    (``None``: any).
+    group is read. Which import paths a spec may name is the business of its ``SpecPolicy``,
+    checked before ``by_path`` is asked.
     """
 
-    def __init__(
-        self,
-        plugins: Iterable[RuntimeEnvPlugin] | None = None,
-        *,
-        allowed: Iterable[str] | None = None,
-    ) -> None:
+    def __init__(self, plugins: Iterable[RuntimeEnvPlugin] | None = None) -> None:
         self._by_field: dict[str, RuntimeEnvPlugin] = {}
         self._aliases: dict[str, str] = {}
         self._errors: dict[str, str] = {}
-        self.allowed = None if allowed is None else frozenset(allowed)
+        #: Import paths (``a.b.C``) of the plugins of the entry point group.
+        self._registered: dict[str, RuntimeEnvPlugin] = {}
         self._by_path: dict[str, RuntimeEnvPlugin] = {}
         self._lock = threading.Lock()
         if plugins is None:
@@ -81,6 +101,7 @@ class PluginRegistry:
                 self._errors[ep.name] = exc.reason
                 continue
             self.add(plugin, field=ep.name)
+            self._registered[_normal_path(ep.value)] = plugin
 
     def add(self, plugin: RuntimeEnvPlugin, *, field: str | None = None) -> None:
         name = field or plugin.name
@@ -104,12 +125,23 @@ class PluginRegistry:
         """Why the entry point registered for ``name`` failed to load, if it did."""
         return self._errors.get(name)
 
+    def is_registered(self, path: str) -> bool:
+        """Whether ``path`` is the import path of a plugin of the entry point group (or of
+        one given to this registry): naming it imports nothing new."""
+        if _normal_path(path) in self._registered:
+            return True
+        return any(
+            _normal_path(path) == f"{type(p).__module__}.{type(p).__qualname__}"
+            for p in self._by_field.values()
+        )
+
     def by_path(self, path: str) -> RuntimeEnvPlugin:
-        """The plugin at import path ``path``; ``PluginNotFound`` naming it otherwise."""
+        """The plugin at import path ``path``, imported on first use (the caller's
+        ``SpecPolicy`` decided it may be); ``PluginNotFound`` naming it otherwise."""
         field = f"plugins.{path}"
-        if self.allowed is not None and path not in self.allowed:
-            allowed = ", ".join(sorted(self.allowed)) or "none"
-            raise PluginNotFound(field, f"plugin {path!r} is not allowed here (allowed: {allowed})")
+        registered = self._registered.get(_normal_path(path))
+        if registered is not None:
+            return registered
         with self._lock:
             if path not in self._by_path:
                 self._by_path[path] = load_plugin(path, field=field)

@@ -35,9 +35,9 @@ from ..agent.events import Event
 from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
-from ..plugins.registry import PluginRegistry
+from ..spec import SpecPolicy
 from .events import SCHEMA_PATH, EventForwarder
-from .handlers import API_PREFIX, default_handlers
+from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 KERNEL_HOLDER_PREFIX = "kernel:"
@@ -93,10 +93,17 @@ class RuntimeEnvExtension(ExtensionApp):
     )
     allowed_plugins = List(
         Unicode(),
-        default_value=None,
-        allow_none=True,
+        default_value=[],
         config=True,
-        help="Import paths a spec's 'plugins' field may name; None: any.",
+        help="Import paths of plugins (package.module.Class) that specs sent to the server may"
+        " name in their 'plugins' field, besides the plugins registered through the entry point"
+        " group 'jupyter_runtimeenv.plugins'. Default: none. Listing one lets every authorized"
+        " user import it in the server.",
+    )
+    max_spec_bytes = Int(
+        2**20,
+        config=True,
+        help="The largest request body (a spec) the REST API accepts, in bytes: 413 beyond.",
     )
     kernel_sweep_interval = Float(
         10.0,
@@ -118,14 +125,14 @@ class RuntimeEnvExtension(ExtensionApp):
         """Create the agent and wire events and kernels. Called by ``ExtensionApp.initialize``
         when the server loads the extension, before the event loop runs."""
         global _current
-        registry = PluginRegistry(allowed=self.allowed_plugins)
         self.agent = RuntimeEnvAgent(
             self.cache_dir,
             max_cache_bytes=self.max_cache_bytes,
             max_concurrent_installs=self.max_concurrent_installs,
             max_concurrent_downloads=self.max_concurrent_downloads,
             build_timeout=self.build_timeout,
-            registry=registry,
+            # Requests reach this agent over REST (browsers, kernels): trusted to build only.
+            policy=SpecPolicy.untrusted(self.allowed_plugins or ()),
         )
         self._start_lock: asyncio.Lock | None = None
         self._started = False
@@ -144,7 +151,7 @@ class RuntimeEnvExtension(ExtensionApp):
         logger.add_listener(schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action)
         self._saved_environ = {k: os.environ.get(k) for k in (URL_ENV_VAR, TOKEN_ENV_VAR)}
         self.export_environment()
-        self.settings["jupyter_runtimeenv"] = self
+        self.settings[SETTINGS_KEY] = self
         _current = self
 
     def initialize_handlers(self) -> None:
@@ -285,11 +292,10 @@ class RuntimeEnvExtension(ExtensionApp):
         if self._stopped or not self._started or self.agent is None:
             return []
         released = []
-        for env in await self.agent.status():
-            for holder in env.get("holders", []):
-                if holds_for_kernel(holder, kernel_id):
-                    await self.agent.release(env["env_id"], holder)
-                    released.append(env["env_id"])
+        for env_id, holder in await self.agent.holders_matching(kernel_holder(kernel_id)):
+            if holds_for_kernel(holder, kernel_id):
+                await self.agent.release(env_id, holder)
+                released.append(env_id)
         if released:
             self.log.info(
                 "jupyter_runtimeenv: released %s env(s) of kernel %s", len(released), kernel_id

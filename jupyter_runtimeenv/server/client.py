@@ -36,7 +36,7 @@ from ..errors import (
 from ..spec import RuntimeEnvSpec
 
 KERNEL_ID_VAR = "JUPYTER_RUNTIMEENV_KERNEL_ID"
-_CONNECTION_FILE = re.compile(r"kernel-(?P<id>[0-9A-Za-z_-]+)\.json$")
+_CONNECTION_FILE = re.compile(r"kernel-(?P<id>[0-9A-Za-z_-]+)\.json")
 
 
 def current_kernel_id() -> str | None:
@@ -47,7 +47,7 @@ def current_kernel_id() -> str | None:
     try:
         from ipykernel.connect import get_connection_file
 
-        found = _CONNECTION_FILE.search(os.path.basename(get_connection_file()))
+        found = _CONNECTION_FILE.fullmatch(os.path.basename(get_connection_file()))
     except Exception:  # not in a kernel (no IPKernelApp instance), or no ipykernel
         return None
     return found.group("id") if found else None
@@ -107,8 +107,13 @@ class ServerClient:
         self._request("DELETE", path)
 
     def status_sync(self) -> list[dict[str, Any]]:
-        envs: list[dict[str, Any]] = self._request("GET", "envs")["envs"]
-        return envs
+        """Summaries of every env (``env_status_sync`` has one env's spec and context)."""
+        envs: list[dict[str, Any]] = []
+        while True:
+            page = self._request("GET", "envs", params={"offset": str(len(envs))})
+            envs.extend(page["envs"])
+            if not page["envs"] or len(envs) >= int(page.get("total", 0)):
+                return envs
 
     def env_status_sync(self, env_id: str) -> dict[str, Any]:
         """One env: state, holders, steps, context once READY, error once FAILED."""

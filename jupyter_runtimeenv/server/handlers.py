@@ -1,48 +1,130 @@
 """The REST API under ``{base_url}jupyter-runtimeenv/api/`` (described in ``openapi.yaml``).
 
 Every method is ``authenticated`` and ``authorized`` on the resource ``jupyter_runtimeenv``
-(GET is ``read``; POST and DELETE are ``write``). Parsing a spec may hash files, so it runs in
-a thread: the server's loop never blocks.
+(GET is ``read``; POST and DELETE are ``write``). A request is data from an untrusted sender
+(see ``spec.policy``), and the server answers any request with valid JSON and a 4xx rather
+than a 500:
+
+- bodies are read as a stream and refused with 413 past ``max_spec_bytes`` (an announced
+  ``Content-Length`` is refused before the body is read);
+- JSON is decoded strictly: ``NaN``, ``Infinity``, numbers out of range and nesting past the
+  recursion limit are a 400; responses are encoded with ``allow_nan=False``;
+- every env id in a path is checked against the env-id alphabet (hex, or an unambiguous hex
+  prefix) and every holder name against its own before anything is looked up: 404 otherwise;
+- decoding, parsing (which may hash files) and encoding large bodies run in threads; the
+  server's loop never blocks, and no request's work grows with the stored envs.
+
+The handlers know the extension only as an ``AgentHost``; ``app.py`` depends on this module,
+never the other way round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
 from .._version import __version__
-from ..errors import BuildError, CacheUnavailable, EnvInUse, EnvNotFound, SpecError
-
-if TYPE_CHECKING:
-    from ..agent import RuntimeEnvAgent
-    from .app import RuntimeEnvExtension
+from ..agent import RuntimeEnvAgent
+from ..errors import BuildError, CacheUnavailable, EnvInUse, EnvNotFound, InvalidName, SpecError
+from ..spec.ids import check_holder
+from ..spec.strict_json import dumps_strict, loads_strict
 
 AUTH_RESOURCE = "jupyter_runtimeenv"
 API_PREFIX = "/jupyter-runtimeenv/api"
+SETTINGS_KEY = "jupyter_runtimeenv"
 
 DEFAULT_HOLDER = "user"
+#: Bodies of requests that carry no spec (``gc``) are small.
+SMALL_BODY_BYTES = 64 * 1024
+#: ``GET envs`` answers pages of summaries.
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
+#: Responses larger than this are encoded in a thread.
+_INLINE_JSON = 64 * 1024
 _ENV_ID = r"(?P<env_id>[^/]+)"
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
-class RuntimeEnvHandler(APIHandler):
-    """Base of the handlers: the extension, the agent, JSON errors from our exceptions."""
-
-    auth_resource = AUTH_RESOURCE
+class AgentHost(Protocol):
+    """What the handlers need from the extension that hosts the agent (``settings`` key
+    ``jupyter_runtimeenv``)."""
 
     @property
-    def extension(self) -> RuntimeEnvExtension:
-        ext: RuntimeEnvExtension = self.settings["jupyter_runtimeenv"]
-        return ext
+    def max_spec_bytes(self) -> int: ...
+
+    @property
+    def agent_started(self) -> bool: ...
+
+    async def started_agent(self) -> RuntimeEnvAgent: ...
+
+    def state_counts(self) -> dict[str, int]: ...
+
+    def note_holder(self, holder: str) -> None: ...
+
+
+class _Done(Exception):
+    """A response was already written."""
+
+
+@web.stream_request_body
+class RuntimeEnvHandler(APIHandler):
+    """Base of the handlers: the host, the agent, bounded bodies, JSON in and out."""
+
+    auth_resource = AUTH_RESOURCE
+    #: Methods whose body may be a spec (up to ``max_spec_bytes``); others get SMALL_BODY_BYTES.
+    spec_methods: frozenset[str] = frozenset()
+
+    @property
+    def host(self) -> AgentHost:
+        host: AgentHost = self.settings[SETTINGS_KEY]
+        return host
+
+    def body_limit(self) -> int:
+        if self.request.method in self.spec_methods:
+            return int(self.host.max_spec_bytes)
+        return SMALL_BODY_BYTES
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        self._chunks: list[bytes] = []
+        self._received = 0
+        self._too_large = False
+        await super().prepare()
+        if self._finished:
+            return
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > self.body_limit():
+            # Answered before the body is read; the body is then read and dropped.
+            self._too_large = True
+            self.fail(413, "RequestTooLarge", self._too_large_message())
+
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        # Not tornado's 400 for bytes that are not UTF-8: such an id or holder is simply not
+        # in its alphabet, and gets the same 404 as every other one.
+        return value.decode("utf-8", errors="replace")
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._too_large or self._received > self.body_limit():
+            self._too_large = True
+            self._chunks.clear()  # kept no further: memory stays bounded
+            return
+        self._chunks.append(chunk)
+
+    def _too_large_message(self) -> str:
+        limit = self.body_limit()
+        what = "a spec" if self.request.method in self.spec_methods else "this request's body"
+        return f"{what} may be at most {limit} bytes (RuntimeEnvExtension.max_spec_bytes)"
 
     async def agent(self) -> RuntimeEnvAgent:
         try:
-            return await self.extension.started_agent()
+            return await self.host.started_agent()
         except RuntimeError as exc:  # the server is stopping
             raise web.HTTPError(503, str(exc)) from exc
         except CacheUnavailable as exc:  # full or read-only disk: logged by the extension
@@ -54,48 +136,75 @@ class RuntimeEnvHandler(APIHandler):
         # username each time (jupyter_server's default identity provider): the default holder
         # is therefore one name, not the username.
         holder = self.get_query_argument("holder", "") or DEFAULT_HOLDER
-        if len(holder) > 512:
-            raise web.HTTPError(400, "holder: longer than 512 characters")
-        return holder
+        try:
+            return check_holder(holder)
+        except InvalidName as exc:
+            self.fail(400, "InvalidName", str(exc), field="holder")
+            raise _Done from None
 
     def flag(self, name: str) -> bool:
         return self.get_query_argument(name, "false").lower() in ("1", "true", "yes")
 
-    def json_body(self, *, required: bool = True) -> Any:
-        body = self.request.body
+    def count(self, name: str, default: int, maximum: int) -> int:
+        text = self.get_query_argument(name, "")
+        if not text:
+            return default
+        if _DIGITS.fullmatch(text) is None or int(text) > maximum:
+            self.fail(400, "ValueError", f"{name}: expected an integer from 0 to {maximum}")
+            raise _Done
+        return int(text)
+
+    async def json_body(self, *, required: bool = True) -> Any:
+        if self._too_large:
+            self.fail(413, "RequestTooLarge", self._too_large_message())
+            raise _Done
+        body = b"".join(self._chunks)
+        self._chunks = []
         if not body and not required:
             return None
         try:
-            return json.loads(body or b"")
+            if len(body) > _INLINE_JSON:
+                return await asyncio.to_thread(loads_strict, body)
+            return loads_strict(body)
         except ValueError as exc:
             self.fail(400, "SpecError", f"the body is not valid JSON: {exc}", field="")
             raise _Done from None
 
     def fail(self, status: int, kind: str, message: str, **extra: Any) -> None:
         self.set_status(status)
-        self.finish({"type": kind, "message": message, **extra})
+        self.finish(dumps_strict({"type": kind, "message": message, **extra}))
 
-    async def run(self, coro: Any) -> Any:
+    async def reply(self, data: Any) -> None:
+        """Finish with ``data`` as strict JSON; encoded in a thread when it may be large."""
+        big = isinstance(data, dict) and ("spec" in data or "envs" in data)
+        text = await asyncio.to_thread(dumps_strict, data) if big else dumps_strict(data)
+        self.finish(text)
+
+    async def run(self, coro: Awaitable[Any]) -> Any:
         """Await ``coro`` turning our errors into responses (``_Done`` when one was sent)."""
         try:
             return await coro
         except SpecError as exc:
             self.fail(400, type(exc).__name__, str(exc), field=exc.field, reason=exc.reason)
         except EnvNotFound as exc:
-            self.fail(404, "EnvNotFound", f"no environment {exc}")
+            self.fail(404, "EnvNotFound", str(exc))
         except EnvInUse as exc:
             self.fail(409, "EnvInUse", str(exc))
         raise _Done
 
-
-class _Done(Exception):
-    """A response was already written."""
+    async def env_id(self, agent: RuntimeEnvAgent, text: str) -> str:
+        """The whole env id ``text`` names (an id or unambiguous prefix); 404 otherwise."""
+        resolved: str = await self.run(agent.resolve_id(text))
+        return resolved
 
 
 def _handles_done(method: Any) -> Any:
     # Innermost decorator: a response written by ``fail`` ends the request quietly.
     async def inner(self: RuntimeEnvHandler, *args: Any, **kwargs: Any) -> None:
         with contextlib.suppress(_Done):
+            if self._too_large:  # a streamed body passed the limit (no Content-Length)
+                self.fail(413, "RequestTooLarge", self._too_large_message())
+                return
             await method(self, *args, **kwargs)
 
     inner.__name__ = method.__name__
@@ -104,13 +213,18 @@ def _handles_done(method: Any) -> Any:
 
 
 class EnvsHandler(RuntimeEnvHandler):
+    spec_methods = frozenset({"POST"})
+
     @web.authenticated
     @authorized
     @_handles_done
     async def get(self) -> None:
-        """Every environment the agent or its cache knows."""
+        """A page of env summaries (``?limit=``, ``?offset=``), oldest first, and the total."""
         agent = await self.agent()
-        self.finish({"envs": await agent.status()})
+        limit = self.count("limit", DEFAULT_PAGE, MAX_PAGE)
+        offset = self.count("offset", 0, 10**9)
+        envs, total = await agent.summaries(limit=limit, offset=offset)
+        await self.reply({"envs": envs, "total": total, "offset": offset, "limit": limit})
 
     @web.authenticated
     @authorized
@@ -118,18 +232,15 @@ class EnvsHandler(RuntimeEnvHandler):
     async def post(self) -> None:
         """Ask for an environment: 201 + Location for a new one, 200 for a known one."""
         agent = await self.agent()
-        data = self.json_body()
+        holder = self.holder()
+        data = await self.json_body()
         if not isinstance(data, dict):
             self.fail(400, "SpecError", "the body must be a JSON object (a spec)", field="")
             return
+        # Under the agent's policy: the server's agent trusts a request to build, not to run.
         spec = await self.run(asyncio.to_thread(agent.parse, data))
-        holder = self.holder()
-        try:
-            await agent.env_status(spec.env_id)
-            known = True
-        except EnvNotFound:
-            known = False
-        self.extension.note_holder(holder)
+        known = await agent.knows(spec.env_id)
+        self.host.note_holder(holder)
         await agent.ensure(spec, holder, retry=self.flag("retry"))
         if self.flag("wait"):
             # A failed build answers too: the body carries the error; the env exists (FAILED).
@@ -139,7 +250,7 @@ class EnvsHandler(RuntimeEnvHandler):
         if not known:
             self.set_status(201)
             self.set_header("Location", self.request.path.rstrip("/") + "/" + spec.env_id)
-        self.finish(body)
+        await self.reply(body)
 
 
 class EnvHandler(RuntimeEnvHandler):
@@ -149,7 +260,8 @@ class EnvHandler(RuntimeEnvHandler):
     async def get(self, env_id: str) -> None:
         """One environment: state, holders, steps, context once READY, error once FAILED."""
         agent = await self.agent()
-        self.finish(await self.run(agent.env_status(env_id)))
+        env_id = await self.env_id(agent, env_id)
+        await self.reply(await self.run(agent.env_status(env_id)))
 
     @web.authenticated
     @authorized
@@ -158,10 +270,10 @@ class EnvHandler(RuntimeEnvHandler):
         """Release the caller's reference and remove the env; 409 while others hold it
         (unless ``force=true``)."""
         agent = await self.agent()
-        await self.run(agent.env_status(env_id))
+        env_id = await self.env_id(agent, env_id)
         await agent.release(env_id, self.holder())
         removed = await self.run(agent.remove(env_id, force=self.flag("force")))
-        self.finish({"env_id": env_id, "removed": removed})
+        await self.reply({"env_id": env_id, "removed": removed})
 
 
 class HolderHandler(RuntimeEnvHandler):
@@ -171,9 +283,14 @@ class HolderHandler(RuntimeEnvHandler):
     async def delete(self, env_id: str, holder: str) -> None:
         """Drop one holder's reference; the env stays cached (evictable once unreferenced)."""
         agent = await self.agent()
-        await self.run(agent.env_status(env_id))
+        env_id = await self.env_id(agent, env_id)
+        try:
+            check_holder(holder)
+        except InvalidName as exc:
+            self.fail(404, "InvalidName", f"no holder {holder[:80]!r}: {exc}")
+            return
         held = await agent.release(env_id, holder)
-        self.finish({"env_id": env_id, "holder": holder, "released": held})
+        await self.reply({"env_id": env_id, "holder": holder, "released": held})
 
 
 class LogHandler(RuntimeEnvHandler):
@@ -183,6 +300,7 @@ class LogHandler(RuntimeEnvHandler):
     async def get(self, env_id: str) -> None:
         """The env's build log, as text."""
         agent = await self.agent()
+        env_id = await self.env_id(agent, env_id)
         text = await self.run(agent.log(env_id))
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         # APIHandler.finish would force application/json.
@@ -196,12 +314,18 @@ class GcHandler(RuntimeEnvHandler):
     async def post(self) -> None:
         """Evict unreferenced resources, least recently used first, down to ``max_bytes``."""
         agent = await self.agent()
-        data = self.json_body(required=False) or {}
-        max_bytes = data.get("max_bytes") if isinstance(data, dict) else None
-        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+        data = await self.json_body(required=False)
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.fail(400, "ValueError", "the body must be a JSON object")
+            return
+        max_bytes = data.get("max_bytes")
+        # bool is an int in Python; JSON's true is not a byte count.
+        if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
             self.fail(400, "ValueError", "max_bytes: expected a non-negative integer")
             return
-        self.finish({"evicted": await agent.gc(max_bytes)})
+        await self.reply({"evicted": await agent.gc(max_bytes)})
 
 
 class StatusHandler(RuntimeEnvHandler):
@@ -210,9 +334,9 @@ class StatusHandler(RuntimeEnvHandler):
     @_handles_done
     async def get(self) -> None:
         """Is the agent up, and how many envs in each state: from memory, no I/O."""
-        ext = self.extension
-        self.finish(
-            {"version": __version__, "started": ext.agent_started, "envs": ext.state_counts()}
+        host = self.host
+        await self.reply(
+            {"version": __version__, "started": host.agent_started, "envs": host.state_counts()}
         )
 
 

@@ -5,5 +5,15 @@ from __future__ import annotations
 from .model import RuntimeEnvConfig, RuntimeEnvSpec
 from .parse import load_spec_file, merge, parse
 from .paths import resolve_path
+from .policy import TRUSTED, SpecPolicy
 
-__all__ = ["RuntimeEnvConfig", "RuntimeEnvSpec", "load_spec_file", "merge", "parse", "resolve_path"]
+__all__ = [
+    "TRUSTED",
+    "RuntimeEnvConfig",
+    "RuntimeEnvSpec",
+    "SpecPolicy",
+    "load_spec_file",
+    "merge",
+    "parse",
+    "resolve_path",
+]

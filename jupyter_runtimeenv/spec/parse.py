@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,9 @@ from ..errors import SpecError
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
+from .policy import SpecPolicy, applying, current_policy
 from .ray import RAY_INTERNAL, ray_only_reason
+from .strict_json import loads_strict
 
 __all__ = ["load_spec_file", "merge", "parse"]
 
@@ -24,28 +26,60 @@ def parse(
     data: RuntimeEnvSpec | Mapping[str, Any] | str | os.PathLike[str] | None,
     *,
     registry: PluginRegistry | None = None,
+    policy: SpecPolicy | None = None,
 ) -> RuntimeEnvSpec:
     """Validate ``data`` into a frozen spec.
 
     ``data`` is a mapping with Ray-compatible fields, a path to a YAML or JSON file (relative
     paths inside it are relative to the file), ``None`` (the empty spec), or a spec (returned
     as is). Each plugin validates its own field. Refusals raise ``SpecError`` whose ``field``
-    is the dotted path of the offending value. Parsing may read local files (hashing
+    is the dotted path of the offending value. ``policy`` says what the spec's sender may ask
+    for (default: the policy in effect, ``TRUSTED`` unless an agent set another); it is
+    applied before any plugin is imported. Parsing may read local files (hashing
     ``working_dir``): call it in a thread from an event loop.
     """
     if isinstance(data, RuntimeEnvSpec):
         return data
+    policy = policy or current_policy()
+    registry = registry or default_registry()
     if data is None:
         data = {}
-    if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        with base_dir(str(path.resolve().parent)):
-            return _parse_mapping(load_spec_file(path), registry or default_registry())
-    if not isinstance(data, Mapping):
-        raise SpecError(
-            "", f"expected a mapping of fields or a file path, got {type(data).__name__}"
-        )
-    return _parse_mapping(data, registry or default_registry())
+    with applying(policy):
+        if isinstance(data, (str, os.PathLike)):
+            path = Path(data)
+            with base_dir(str(path.resolve().parent)):
+                return _parse_mapping(load_spec_file(path), registry, policy)
+        if not isinstance(data, Mapping):
+            raise SpecError(
+                "", f"expected a mapping of fields or a file path, got {type(data).__name__}"
+            )
+        return _parse_mapping(data, registry, policy)
+
+
+def check_plain(data: Any, max_depth: int) -> None:
+    """Refuse what no field accepts, wherever it is: nesting deeper than ``max_depth``,
+    numbers that are not finite (``NaN``, ``Infinity``, ``1e400``), strings with a NUL.
+
+    Iterative, so that hostile nesting cannot exhaust the recursion limit here.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(where, f"numbers must be finite, got {value!r}")
+        if isinstance(value, str) and "\0" in value:
+            raise SpecError(where, "a string cannot contain a NUL character")
+        if isinstance(value, (Mapping, list, tuple)):
+            if depth >= max_depth:
+                raise SpecError(where, f"nested deeper than {max_depth} levels")
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and "\0" in key:
+                    raise SpecError(where, "a key cannot contain a NUL character")
+                if isinstance(key, float) and not math.isfinite(key):
+                    raise SpecError(where, f"numbers must be finite, got {key!r}")
+                name = str(key)[:100]
+                stack.append((item, f"{where}.{name}" if where else name, depth + 1))
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:
@@ -55,7 +89,9 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise SpecError("", f"cannot read spec file {str(path)!r}: {exc.strerror or exc}") from exc
     try:
-        loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        loaded = loads_strict(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        raise SpecError("", f"{str(path)!r} is nested too deeply") from None
     except (ValueError, yaml.YAMLError) as exc:
         raise SpecError(
             "", f"{str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
@@ -69,7 +105,10 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> RuntimeEnvSpec:
+def _parse_mapping(
+    data: Mapping[str, Any], registry: PluginRegistry, policy: SpecPolicy
+) -> RuntimeEnvSpec:
+    check_plain(data, policy.max_depth)
     for key in data:
         if not isinstance(key, str):
             raise SpecError(str(key), "field names must be strings")
@@ -91,10 +130,7 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
         given_as[name] = key
         if value is None:
             continue  # Ray treats a null field as absent
-        try:
-            normal = plugin.validate(value)
-        except SpecError as exc:
-            raise exc.within(key) from None
+        normal = _call_plugin(plugin.validate, key, value)
         if not plugin.is_empty(normal):
             fields[name] = normal
     for name in fields:
@@ -115,12 +151,12 @@ def _parse_mapping(data: Mapping[str, Any], registry: PluginRegistry) -> Runtime
             "plugins",
             f"expected a mapping of import paths to config, got {type(raw_plugins).__name__}",
         )
+    for path in raw_plugins:
+        # Every path is judged before the first is imported.
+        policy.check_plugin(str(path), registered=registry.is_registered(str(path)))
     for path, plugin_config in raw_plugins.items():
         plugin = registry.by_path(str(path))
-        try:
-            plugins[str(path)] = plugin.validate(plugin_config)
-        except SpecError as exc:
-            raise exc.within(f"plugins.{path}") from None
+        plugins[str(path)] = _call_plugin(plugin.validate, f"plugins.{path}", plugin_config)
 
     spec = RuntimeEnvSpec(fields=fields, plugins=plugins, config=config)
     return RuntimeEnvSpec(
@@ -132,11 +168,25 @@ def _env_id(spec: RuntimeEnvSpec, registry: PluginRegistry) -> str:
     identity: dict[str, Any] = {}
     for name, value in spec.fields.items():
         plugin = registry.for_field(name)
-        identity[name] = value if plugin is None else plugin.identity(value, spec)
+        identity[name] = (
+            value if plugin is None else _call_plugin(plugin.identity, name, value, spec)
+        )
     for path, value in spec.plugins.items():
-        identity[f"plugins.{path}"] = registry.by_path(path).identity(value, spec)
+        plugin = registry.by_path(path)
+        identity[f"plugins.{path}"] = _call_plugin(plugin.identity, f"plugins.{path}", value, spec)
     identity["config.isolated"] = spec.config.isolated
     return sha256_of(identity)
+
+
+def _call_plugin(method: Callable[..., Any], field: str, *args: Any) -> Any:
+    """A plugin's ``validate`` or ``identity``: its ``SpecError`` nested under ``field``, and
+    any other failure (a plugin bug, a path with a NUL byte) a ``SpecError`` naming ``field``."""
+    try:
+        return method(*args)
+    except SpecError as exc:
+        raise exc.within(field) from None
+    except Exception as exc:
+        raise SpecError(field, f"refused: {type(exc).__name__}: {exc}") from exc
 
 
 def _unknown_field(key: str, registry: PluginRegistry) -> str:
@@ -175,6 +225,8 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
                 "config.setup_timeout_seconds",
                 f"expected a number of seconds, got {type(raw).__name__}",
             )
+        if raw is not None and not math.isfinite(raw):
+            raise SpecError("config.setup_timeout_seconds", f"expected a finite number, got {raw}")
         if raw == -1 or raw is None:
             timeout = None
         elif raw <= 0:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 _DYNAMIC_FRAME = re.compile(
-    r'^(?P<indent>\s*)File "<dynamic-code>", line (?P<line>\d+), in (?P<name>\S+)$'
+    r'(?P<indent>\s*)File "<dynamic-code>", line (?P<line>\d+), in (?P<name>\S+)'
 )
 
 
@@ -42,7 +42,7 @@ def restore_frames(text: str, files: Mapping[str, str]) -> str:
         return text
     out: list[str] = []
     for line in text.splitlines(keepends=True):
-        match = _DYNAMIC_FRAME.match(line.rstrip("\n"))
+        match = _DYNAMIC_FRAME.fullmatch(line.rstrip("\n"))
         filename = files.get(match.group("name")) if match else None
         if match is None or filename is None:
             out.append(line)

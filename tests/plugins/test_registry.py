@@ -12,7 +12,7 @@ import pytest
 from jupyter_runtimeenv.errors import PluginNotFound, SpecError
 from jupyter_runtimeenv.plugins import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from jupyter_runtimeenv.plugins.env_vars import EnvVarsPlugin
-from jupyter_runtimeenv.spec import parse
+from jupyter_runtimeenv.spec import SpecPolicy, parse
 
 PLUGIN_MODULE = """
 from jupyter_runtimeenv.errors import SpecError
@@ -110,10 +110,10 @@ def test_import_path_plugin_config_is_validated_by_the_plugin(third_party: Path)
 
 
 def test_allowed_plugins_refuse_others(third_party: Path) -> None:
-    registry = PluginRegistry(allowed=["niceplug.Early"])
-    parse({"plugins": {"niceplug.Early": {}}}, registry=registry)
+    policy = SpecPolicy.untrusted(allowed_plugins=["niceplug.Early"])
+    parse({"plugins": {"niceplug.Early": {}}}, policy=policy)
     with pytest.raises(PluginNotFound) as info:
-        parse({"plugins": {"niceplug.Late": {}}}, registry=registry)
+        parse({"plugins": {"niceplug.Late": {}}}, policy=policy)
     assert info.value.field == "plugins.niceplug.Late"
     assert "not allowed" in info.value.reason
 

@@ -16,6 +16,7 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 API = ("jupyter-runtimeenv", "api")
+SCRIPT_PLUGIN = "tests.server.plugins.ScriptPlugin"
 
 
 @pytest.fixture
@@ -53,6 +54,8 @@ def jp_server_config(tmp_path: Path, extension_config: dict[str, Any]) -> dict[s
         },
         "RuntimeEnvExtension": {
             "cache_dir": str(tmp_path / "runtimeenv-cache"),
+            # The tests' own plugin, named by import path: the operator allows it.
+            "allowed_plugins": [SCRIPT_PLUGIN],
             **extension_config,
         },
     }
