@@ -135,7 +135,10 @@ class RuntimeEnvHandler(APIHandler):
         # A server serves one user, and token-authenticated requests get a fresh anonymous
         # username each time (jupyter_server's default identity provider): the default holder
         # is therefore one name, not the username.
-        holder = self.get_query_argument("holder", "") or DEFAULT_HOLDER
+        # Not get_query_argument: it turns control characters into spaces and strips them,
+        # so "%00" or "a%0A" would silently become another holder instead of being refused.
+        given = self.request.query_arguments.get("holder") or [b""]
+        holder = self.decode_argument(given[-1]) or DEFAULT_HOLDER
         try:
             return check_holder(holder)
         except InvalidName as exc:

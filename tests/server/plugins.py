@@ -27,7 +27,7 @@ class ScriptPlugin(RuntimeEnvPlugin):
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             raise SpecError("name", "expected a mapping with a string 'name'")
         lines = value.get("lines", 3)
-        if not isinstance(lines, int):
+        if type(lines) is not int:  # bool is an int in Python, not in JSON
             raise SpecError("lines", "expected an integer")
         return {
             "name": value["name"],
