@@ -135,21 +135,25 @@ class RuntimeEnvHandler(APIHandler):
         # A server serves one user, and token-authenticated requests get a fresh anonymous
         # username each time (jupyter_server's default identity provider): the default holder
         # is therefore one name, not the username.
-        # Not get_query_argument: it turns control characters into spaces and strips them,
-        # so "%00" or "a%0A" would silently become another holder instead of being refused.
-        given = self.request.query_arguments.get("holder") or [b""]
-        holder = self.decode_argument(given[-1]) or DEFAULT_HOLDER
+        holder = self.query("holder") or DEFAULT_HOLDER
         try:
             return check_holder(holder)
         except InvalidName as exc:
             self.fail(400, "InvalidName", str(exc), field="holder")
             raise _Done from None
 
+    def query(self, name: str) -> str:
+        """The query argument ``name`` as sent (``""`` if absent). Not ``get_query_argument``:
+        it turns control characters into spaces and strips them, so ``%00`` or ``a%0A`` would
+        silently become another value instead of being refused."""
+        given = self.request.query_arguments.get(name) or [b""]
+        return self.decode_argument(given[-1])
+
     def flag(self, name: str) -> bool:
-        return self.get_query_argument(name, "false").lower() in ("1", "true", "yes")
+        return self.query(name).lower() in ("1", "true", "yes")
 
     def count(self, name: str, default: int, maximum: int) -> int:
-        text = self.get_query_argument(name, "")
+        text = self.query(name)
         if not text:
             return default
         if _DIGITS.fullmatch(text) is None or int(text) > maximum:
