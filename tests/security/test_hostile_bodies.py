@@ -10,6 +10,7 @@ class cannot be constructed, ``this``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,24 @@ SPEC_BODIES: list[tuple[str, Any, int, str | None]] = [
     ("invalid UTF-8", b'{"env_vars": {"A": "\xff"}}', 400, ""),
     ("arrays 20,000 deep", '{"pip": ' + nested(20_000) + "}", 400, ""),
     ("objects 10,000 deep", '{"env_vars": ' + nested(10_000, '{"a":', "}") + "}", 400, ""),
-    ("objects 40 deep", {"env_vars": {"A": "1"}, **script("d", x=eval(nested(40)))}, 400, None),
+    ("lists 40 deep", {"env_vars": {"A": "1"}, **script("d", x=json.loads(nested(40)))}, 400, None),
     ("NaN", '{"config": {"setup_timeout_seconds": NaN}}', 400, ""),
     ("Infinity", '{"config": {"setup_timeout_seconds": Infinity}}', 400, ""),
     ("-Infinity", '{"config": {"setup_timeout_seconds": -Infinity}}', 400, ""),
     ("1e400", '{"config": {"setup_timeout_seconds": 1e400}}', 400, ""),
-    ("1e400 in a plugin's config", '{"plugins": {"%s": {"sleep": 1e400}}}' % SCRIPT, 400, ""),
-    ("an integer of 5,000 digits", '{"config": {"setup_timeout_seconds": %s}}' % ("9" * 5000), 400, ""),
-    ("true as a timeout", {"config": {"setup_timeout_seconds": True}}, 400, "config.setup_timeout_seconds"),
+    ("1e400 in a plugin's config", '{"plugins": {"' + SCRIPT + '": {"sleep": 1e400}}}', 400, ""),
+    (
+        "an integer of 5,000 digits",
+        '{"config": {"setup_timeout_seconds": ' + "9" * 5000 + "}}",
+        400,
+        "",
+    ),
+    (
+        "true as a timeout",
+        {"config": {"setup_timeout_seconds": True}},
+        400,
+        "config.setup_timeout_seconds",
+    ),
     ("a string as a flag", {"config": {"eager_install": "yes"}}, 400, "config.eager_install"),
     ("env_vars as a list", {"env_vars": ["A=1"]}, 400, "env_vars"),
     ("a value that is not a string", {"env_vars": {"A": 1}}, 400, "env_vars.A"),
@@ -61,7 +72,12 @@ SPEC_BODIES: list[tuple[str, Any, int, str | None]] = [
     ("a NUL in a path", {"working_dir": "/tmp/a\x00b"}, 400, "working_dir"),
     ("pip as a number", {"pip": 3}, 400, "pip"),
     ("plugins as a list", {"plugins": ["a.b.C"]}, 400, "plugins"),
-    ("a plugin's config of the wrong type", script("x", lines=True), 400, f"plugins.{SCRIPT}.lines"),
+    (
+        "a plugin's config of the wrong type",
+        script("x", lines=True),
+        400,
+        f"plugins.{SCRIPT}.lines",
+    ),
     ("an unknown field", {"no_such_field": 1}, 400, "no_such_field"),
     ("a conda name ending in a newline", {"conda": "base\n"}, 400, "conda"),
 ]
@@ -86,9 +102,7 @@ async def post(raw: Raw, body: Any, **kwargs: Any) -> tuple[int, Any]:
     return await raw("POST", "envs", body=body, **kwargs)
 
 
-async def nothing_happened(
-    raw: Raw, alive: Callable[[], Awaitable[None]], markers: Path
-) -> None:
+async def nothing_happened(raw: Raw, alive: Callable[[], Awaitable[None]], markers: Path) -> None:
     await alive()
     assert sorted(p.name for p in markers.iterdir()) == [], "a hostile module was imported"
     code, envs = await raw("GET", "envs")
@@ -131,7 +145,9 @@ async def test_plugins_by_import_path_are_refused_before_any_import(
     assert code == 400, error
     assert error["type"] == "PluginNotFound"
     assert error["field"] == f"plugins.{path}"
-    assert {m for m in set(sys.modules) - before if m.startswith((PACKAGE, "this", "antigravity"))} == set()
+    assert {
+        m for m in set(sys.modules) - before if m.startswith((PACKAGE, "this", "antigravity"))
+    } == set()
     assert "HOSTILE" not in capsys.readouterr().out
     await nothing_happened(raw, alive, markers)
 

@@ -47,7 +47,7 @@ HOSTILE_IDS = [
 
 @pytest.fixture
 def secret(tmp_path: Path) -> str:
-    """A ``.log`` file next to the cache root (the server's cache is ``tmp_path/runtimeenv-cache``)."""
+    """A ``.log`` file next to the cache root (the server's is ``tmp_path/runtimeenv-cache``)."""
     text = "SECRET-LOG-CONTENT"
     (tmp_path / "secret.log").write_text(text)
     return text

@@ -110,9 +110,7 @@ async def test_the_server_refuses_programs_that_are_not_interpreters(
     await alive()
 
 
-async def test_the_server_takes_a_real_interpreter(
-    raw: Raw, real_venvs: dict[str, str]
-) -> None:
+async def test_the_server_takes_a_real_interpreter(raw: Raw, real_venvs: dict[str, str]) -> None:
     for python in [sys.executable, real_venvs["symlinks"], real_venvs["copies"]]:
         code, env = await raw("POST", "envs?wait=1", body={"driver_python": python})
         assert code == 201, env
