@@ -4,9 +4,10 @@ Threat: a 200 MB spec was accepted, and from then on every POST and every ``GET 
 seconds, because each request decoded every stored spec and serialised big answers on the
 event loop. Now bodies stop at ``max_spec_bytes`` (413), ``GET envs`` pages summaries that are
 read without the stored specs, one env is read by its id, and big answers are encoded in a
-thread. The proof here is the work done, not a timing (that is ``benchmarks/``): with a
-near-limit spec and hundreds of envs stored, no request reads more than the one stored spec
-it names (every SQL statement the cache runs is traced).
+thread. The proof here is the work done, not a timing (that is
+``benchmarks/bench_big_specs.py``): with a near-limit spec and hundreds of envs stored, no
+request reads more than the one stored spec it names, and no query walks the stored rows
+(every SQL statement the cache runs is traced, and its query plan checked).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ async def test_requests_read_no_stored_spec_but_the_one_they_name(
     for statement in reads_of_specs:
         assert re.search(r"WHERE env_id = '[0-9a-f]{64}'", statement), statement
     assert not any(big["env_id"] in s and "spec" in s for s in statements if "SELECT" in s)
+    # ... and none walks the stored rows: a row's later columns sit behind its spec's overflow
+    # pages, so a full scan must use the covering index of the summaries.
+    for statement in {s for s in statements if re.match(r"\s*SELECT[^;]*FROM envs\b", s, re.S)}:
+        plan = " ".join(row[-1] for row in cache._db.execute("EXPLAIN QUERY PLAN " + statement))
+        assert "SEARCH" in plan or "COVERING INDEX" in plan, (statement, plan)
 
     assert page["total"] == MANY + 2
     assert len(page["envs"]) == MANY + 2
