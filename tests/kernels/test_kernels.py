@@ -130,8 +130,8 @@ async def test_a_kernelspec_with_the_provisioner_starts_in_its_env(
     version, flag, imported, first, python = (await run(jp_serverapp, kernel_id, code)).split()
     assert (version, flag, imported, first) == ("2.0", "on", "True", "True")
 
-    envs = json.loads((await jp_fetch(*API, "envs")).body)["envs"]
-    (env,) = envs
+    (summary,) = json.loads((await jp_fetch(*API, "envs")).body)["envs"]  # summaries
+    env = json.loads((await jp_fetch(*API, "envs", summary["env_id"])).body)
     assert env["context"]["python"] == python  # the env's venv, not the server's interpreter
     assert env["holders"] == [f"kernel:{kernel_id}"]
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
