@@ -169,22 +169,27 @@ def _env_id(spec: RuntimeEnvSpec, registry: PluginRegistry) -> str:
     for name, value in spec.fields.items():
         plugin = registry.for_field(name)
         identity[name] = (
-            value if plugin is None else _call_plugin(plugin.identity, name, value, spec)
+            value
+            if plugin is None
+            else _call_plugin(plugin.identity, name, value, spec, nest=False)
         )
     for path, value in spec.plugins.items():
         plugin = registry.by_path(path)
-        identity[f"plugins.{path}"] = _call_plugin(plugin.identity, f"plugins.{path}", value, spec)
+        identity[f"plugins.{path}"] = _call_plugin(
+            plugin.identity, f"plugins.{path}", value, spec, nest=False
+        )
     identity["config.isolated"] = spec.config.isolated
     return sha256_of(identity)
 
 
-def _call_plugin(method: Callable[..., Any], field: str, *args: Any) -> Any:
-    """A plugin's ``validate`` or ``identity``: its ``SpecError`` nested under ``field``, and
-    any other failure (a plugin bug, a path with a NUL byte) a ``SpecError`` naming ``field``."""
+def _call_plugin(method: Callable[..., Any], field: str, *args: Any, nest: bool = True) -> Any:
+    """A plugin's ``validate`` (its ``SpecError`` nested under ``field``) or ``identity``
+    (``nest=False``: its errors name whole fields already); any other failure (a plugin bug,
+    a path with a NUL byte) is a ``SpecError`` naming ``field``."""
     try:
         return method(*args)
     except SpecError as exc:
-        raise exc.within(field) from None
+        raise (exc.within(field) if nest else exc) from None
     except Exception as exc:
         raise SpecError(field, f"refused: {type(exc).__name__}: {exc}") from exc
 
