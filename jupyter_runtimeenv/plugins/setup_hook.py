@@ -29,7 +29,10 @@ from .base import BuildContext, RuntimeEnvPlugin
 
 #: What the bootstrap reads: JSON ``{"import": path}`` or ``{"pickle": file, "name": ...}``.
 SETUP_HOOK_VAR = "JUPYTER_RUNTIMEENV_SETUP_HOOK"
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*[.:][A-Za-z_][\w]*$")
+# Full match, ASCII: with re.match, "$" also accepts a trailing newline ("pkg.f\n").
+_IMPORT_PATH = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*[.:][A-Za-z_][A-Za-z0-9_]*"
+)
 
 __all__ = ["SETUP_HOOK_VAR", "SetupHookPlugin"]
 
@@ -63,7 +66,7 @@ class SetupHookPlugin(RuntimeEnvPlugin):
 
     def validate(self, value: Any) -> str | dict[str, str]:
         if isinstance(value, str):
-            if not _IMPORT_PATH.match(value):
+            if not _IMPORT_PATH.fullmatch(value):
                 raise SpecError(
                     "", f"{value!r} is not an import path like 'package.module.function'"
                 )

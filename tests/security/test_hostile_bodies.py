@@ -80,6 +80,12 @@ SPEC_BODIES: list[tuple[str, Any, int, str | None]] = [
     ),
     ("an unknown field", {"no_such_field": 1}, 400, "no_such_field"),
     ("a conda name ending in a newline", {"conda": "base\n"}, 400, "conda"),
+    (
+        "a setup hook path ending in a newline",
+        {"worker_process_setup_hook": "pkg.hook\n"},
+        400,
+        "worker_process_setup_hook",
+    ),
 ]
 
 PLUGIN_PATHS = [

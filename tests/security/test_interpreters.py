@@ -100,7 +100,8 @@ async def test_the_server_refuses_programs_that_are_not_interpreters(
     tmp_path: Path,
     field: str,
 ) -> None:
-    for what, path in [*hostile.items(), ("sh by name", "sh")]:
+    command_line = ("a command line", f"{sys.executable} -c pass")
+    for what, path in [*hostile.items(), ("sh by name", "sh"), command_line]:
         if field == "driver_python" and os.sep not in path:
             continue  # driver_python is a path; a bare name is looked up like one
         code, error = await raw("POST", "envs?wait=1", body={field: path})
