@@ -1,5 +1,5 @@
-"""``py_modules``: local packages, single ``.py`` files, wheels, zips and http(s) URLs put on
-every worker's ``sys.path`` in the declared order.
+"""``py_modules``: local packages (or imported modules, as Ray takes), ``.py`` files, wheels,
+zips, tars, URLs and remote URIs put on every worker's ``sys.path`` in the declared order.
 
 Who calls it: ``spec.parse`` (``validate``, ``identity``) and the agent (``uris``,
 ``create``, ``modify_context``). Each module is its own resource, so two specs sharing a
@@ -11,6 +11,8 @@ is unpacked as is (it should hold the package directory).
 
 from __future__ import annotations
 
+import os
+import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,18 @@ if TYPE_CHECKING:
     from ..spec import RuntimeEnvSpec
 
 _KINDS = ("dir", "py", "zip", "tar", "whl", "url")
+
+
+def _module_location(module: types.ModuleType, field: str) -> str:
+    """Ray also takes imported modules: a package's directory, or a module's ``.py`` file."""
+    file: str | None = getattr(module, "__file__", None)
+    if not file:
+        raise SpecError(field, f"module {module.__name__!r} has no file to ship (built in?)")
+    if os.path.basename(file).startswith("__init__."):
+        return os.path.dirname(os.path.abspath(file))
+    if not file.endswith(".py"):
+        raise SpecError(field, f"module {module.__name__!r} is {file}, not a .py file or package")
+    return os.path.abspath(file)
 
 
 class PyModulesPlugin(RuntimeEnvPlugin):
@@ -39,6 +53,8 @@ class PyModulesPlugin(RuntimeEnvPlugin):
             raise SpecError("", f"expected a list of paths or URLs, got {type(value).__name__}")
         out: list[str] = []
         for i, item in enumerate(value):
+            if isinstance(item, types.ModuleType):
+                item = _module_location(item, str(i))
             location = _sources.normalize(item, str(i), kinds=_KINDS)
             if location not in out:
                 out.append(location)

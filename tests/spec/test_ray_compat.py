@@ -270,3 +270,22 @@ def test_invalid_ray_specs_are_refused_naming_the_field(
         assert info.value.field in data
     assert words in info.value.reason
     assert "\n" not in str(info.value)
+
+
+def test_py_modules_takes_imported_modules_as_ray_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    (tmp_path / "raypkg").mkdir()
+    (tmp_path / "raypkg" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "raysingle.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = importlib.import_module("raypkg")
+    single = importlib.import_module("raysingle")
+    spec = parse({"py_modules": [package, single]})
+    assert spec.get("py_modules") == [str(tmp_path / "raypkg"), str(tmp_path / "raysingle.py")]
+    with pytest.raises(SpecError) as info:
+        parse({"py_modules": [sys]})
+    assert info.value.field == "py_modules.0"
+    assert "no file to ship" in info.value.reason
