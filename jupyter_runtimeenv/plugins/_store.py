@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BuildError
@@ -28,11 +29,30 @@ from ._hashing import FileEntry, Tree
 #: The mtime every blob carries; any other mtime means it was modified after storing.
 BLOB_MTIME_NS = 1_000_000_000 * 10**9
 
-__all__ = ["BLOB_MTIME_NS", "blob_dir", "materialize"]
+__all__ = ["BLOB_MTIME_NS", "blob_dir", "blob_path", "ensure_stored", "materialize"]
 
 
 def blob_dir(cache_root: Path) -> Path:
     return cache_root / "shared" / "blobs"
+
+
+def blob_path(cache_root: Path, name: str) -> Path:
+    """Where the store keeps the blob ``name`` (a sha256, with ``-x`` if executable)."""
+    return blob_dir(cache_root) / name[:2] / name
+
+
+def ensure_stored(entries: Iterable[FileEntry], cache_root: Path) -> int:
+    """Store each entry's content that the store lacks; returns bytes newly stored.
+
+    Who calls it: the Dask executor, so a tree's content outlives its source directory.
+    """
+    stored = 0
+    for entry in entries:
+        blob = blob_path(cache_root, entry.blob_name)
+        if not _valid(str(blob), entry):
+            _store(entry, blob)
+            stored += entry.size
+    return stored
 
 
 def materialize(tree: Tree, cache_root: Path, target: Path) -> int:

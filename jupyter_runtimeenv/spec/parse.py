@@ -283,6 +283,12 @@ def merge(
     """``override`` on top of ``base``: key by key; ``env_vars``, ``config`` and ``plugins``
     merge per entry. A ``None`` value in ``override`` removes the key."""
     registry = registry or default_registry()
+    # Nothing to merge: the parsed spec as it is (its local paths are not checked again,
+    # so a driver may delete a working_dir it has already shipped to a cluster).
+    if override is None and isinstance(base, RuntimeEnvSpec):
+        return base
+    if base is None and isinstance(override, RuntimeEnvSpec):
+        return override
     left = _as_dict(base, registry)
     right = _as_dict(override, registry)
     merged = dict(left)

@@ -57,18 +57,25 @@ class _Session:
 _session = _Session()
 
 
-def init(runtime_env: EnvLike | None = None, executor: Executor | None = None) -> None:
+def init(runtime_env: EnvLike | None = None, executor: Executor | Any | None = None) -> None:
     """Set the session's default environment and, optionally, its executor.
 
-    ``runtime_env`` is parsed now (a bad spec raises ``SpecError`` here). Calling ``init``
-    again replaces both; an executor the session created itself is shut down when replaced.
+    ``runtime_env`` is parsed now (a bad spec raises ``SpecError`` here). ``executor`` is an
+    ``Executor``, or a ``distributed.Client`` or Dask scheduler address (a ``DaskExecutor``
+    is made for it; needs the ``dask`` extra). Calling ``init`` again replaces both; an
+    executor the session created itself is shut down when replaced.
     """
     spec = None if runtime_env is None else _as_spec(runtime_env)
+    owned = False
+    if executor is not None and not isinstance(executor, Executor):
+        from ..dask import executor_for
+
+        executor, owned = executor_for(executor), True
     with _session.lock:
         old = _session.executor if _session.owns_executor and executor is not None else None
         _session.runtime_env = spec
         if executor is not None:
-            _session.executor, _session.owns_executor = executor, False
+            _session.executor, _session.owns_executor = executor, owned
         _session.generation += 1
     if old is not None:
         old.shutdown()
@@ -106,8 +113,13 @@ def shutdown() -> None:
 class RemoteFunction(Generic[P, R]):
     """A function that runs in a worker: ``f.remote(...)`` returns a ``RemoteFuture``."""
 
-    def __init__(self, function: Callable[P, R], runtime_env: EnvLike | None = None) -> None:
+    def __init__(
+        self, function: Callable[P, R], runtime_env: EnvLike | None = None, retries: int = 0
+    ) -> None:
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         self._function = function
+        self._retries = retries
         self._runtime_env = None if runtime_env is None else _as_spec(runtime_env)
         self._memo: tuple[int, RuntimeEnvSpec] | None = None
         functools.update_wrapper(self, function)
@@ -126,16 +138,22 @@ class RemoteFunction(Generic[P, R]):
         """Run the function in its environment; returns at once."""
         executor = _session.get_executor()
         name = getattr(self._function, "__name__", "task")
+        # Only executors that can lose a node (Dask) take ``retries``.
+        extra: dict[str, Any] = {"retries": self._retries} if self._retries else {}
         return executor.submit(
-            self._function, args, kwargs, runtime_env=self._effective_env(), name=name
+            self._function, args, kwargs, runtime_env=self._effective_env(), name=name, **extra
         )
 
-    def options(self, *, runtime_env: EnvLike | None = None) -> RemoteFunction[P, R]:
-        """The same function with ``runtime_env`` merged over this one's."""
-        if runtime_env is None:
+    def options(
+        self, *, runtime_env: EnvLike | None = None, retries: int | None = None
+    ) -> RemoteFunction[P, R]:
+        """The same function with ``runtime_env`` merged over this one's (and ``retries``)."""
+        if runtime_env is None and retries is None:
             return self
-        env = merge(self._runtime_env, _as_spec(runtime_env))
-        return RemoteFunction(self._function, env)
+        env = self._runtime_env
+        if runtime_env is not None:
+            env = merge(self._runtime_env, _as_spec(runtime_env))
+        return RemoteFunction(self._function, env, self._retries if retries is None else retries)
 
     def _effective_env(self) -> RuntimeEnvSpec:
         memo, generation = self._memo, _session.generation
@@ -152,21 +170,29 @@ def remote(function: Callable[P, R], /) -> RemoteFunction[P, R]: ...
 
 @overload
 def remote(
-    *, runtime_env: EnvLike | None = None
+    *, runtime_env: EnvLike | None = None, retries: int = 0
 ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
 
 def remote(
-    function: Callable[P, R] | None = None, /, *, runtime_env: EnvLike | None = None
+    function: Callable[P, R] | None = None,
+    /,
+    *,
+    runtime_env: EnvLike | None = None,
+    retries: int = 0,
 ) -> RemoteFunction[P, R] | Callable[[Callable[P, R]], RemoteFunction[P, R]]:
-    """``@remote`` or ``@remote(runtime_env={...})`` on a function."""
+    """``@remote`` or ``@remote(runtime_env={...}, retries=N)`` on a function.
+
+    ``retries``: on a Dask cluster, how many more times the call may run when its node is
+    lost or its worker process dies (mark idempotent functions only). Locally unused.
+    """
     if function is not None:
         if not callable(function):
             raise TypeError(f"@remote expects a function, got {type(function).__name__}")
-        return RemoteFunction(function, runtime_env)
+        return RemoteFunction(function, runtime_env, retries)
 
     def decorate(fn: Callable[P, R]) -> RemoteFunction[P, R]:
-        return RemoteFunction(fn, runtime_env)
+        return RemoteFunction(fn, runtime_env, retries)
 
     return decorate
 

@@ -1,7 +1,7 @@
 """Executors: where remote calls run. ``LocalExecutor`` runs them in worker pools here.
 
-``Executor`` is the contract the ``remote`` API (``api.py``) programs against; a
-``DaskExecutor`` (many machines) implements the same two methods later.
+``Executor`` is the contract the ``remote`` API (``api.py``) programs against;
+``jupyter_runtimeenv.dask.DaskExecutor`` (many machines) implements the same two methods.
 
 Driver ``sys.path`` (the ``driver_sys_path`` field): ``True`` (the default) is resolved here,
 at every submit, to the driver's current entries, minus the driver interpreter's own
@@ -46,8 +46,13 @@ class Executor(abc.ABC):
         *,
         runtime_env: RuntimeEnvSpec,
         name: str,
+        retries: int = 0,
     ) -> RemoteFuture[Any]:
-        """Start the call; errors of the call itself are delivered through the future."""
+        """Start the call; errors of the call itself are delivered through the future.
+
+        ``retries``: how many more times the call may run if the node running it is lost
+        (an executor with nodes, like Dask's; the local one has none to lose).
+        """
 
     @abc.abstractmethod
     def shutdown(self) -> None:
@@ -114,6 +119,7 @@ class LocalExecutor(Executor):
         *,
         runtime_env: RuntimeEnvSpec,
         name: str,
+        retries: int = 0,
     ) -> RemoteFuture[Any]:
         future: RemoteFuture[Any] = RemoteFuture(name)
         task = Task(b"", future, OutputTarget.capture(name))

@@ -79,6 +79,9 @@ class Task:
     id: int = field(default_factory=lambda: next(_task_ids))
     #: Code name -> filename of the submitted function (see ``tracebacks``).
     sources: dict[str, str] = field(default_factory=dict)
+    #: Settle the future with ``(kind, payload)`` as received, unpickled by whoever asked
+    #: (a Dask node hands the bytes to the driver and never imports the task's packages).
+    raw: bool = False
 
     @property
     def name(self) -> str:

@@ -228,8 +228,13 @@ class WorkerProcess:
         task = self.task
         if task is None:
             raise protocol.ProtocolError(f"frame kind {kind} while no task runs")
+        value: Any
         try:
-            value, failed = load_outcome(kind, payload, task.id, task.name, task.sources), False
+            if task.raw:
+                value, failed = (kind, bytes(payload)), False
+            else:
+                value = load_outcome(kind, payload, task.id, task.name, task.sources)
+                failed = False
         except protocol.ProtocolError:
             raise
         except Exception as exc:

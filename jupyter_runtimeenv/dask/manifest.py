@@ -1,0 +1,253 @@
+"""The manifest: a spec whose local files travel by content, never by path.
+
+Who calls it: ``DaskExecutor`` (driver side: ``build_manifest``, in a thread) and the node
+agent (``missing``, ``put_blob``, ``materialize_manifest``, in threads). Everything here
+blocks and imports nothing of ``distributed``.
+
+On the driver, every local directory or file a spec names (``working_dir``, ``py_modules``,
+``driver_sys_path`` entries) is hashed with ``_hashing`` (excludes and ``.gitignore``
+applied), its files are put in the driver's blob store (so the driver may delete or edit
+the directory afterwards), and its value in the spec becomes a placeholder
+``jre-blob://tree/<digest>/<name>`` or ``jre-blob://file/<sha256>/<name>``. The manifest
+lists each tree's files as ``[rel, executable, size, sha256]``. A node asks for the blobs
+its own store lacks, receives each once, lays the trees out below its cache root
+(``dask/trees/<digest>/<name>``, hardlinks to its blobs) and parses the spec with the
+placeholders replaced by those paths: no node ever reads a path of the driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from ..plugins import _sources
+from ..plugins._hashing import FileEntry, Tree, hash_file, hash_tree
+from ..plugins._store import BLOB_MTIME_NS, blob_path, ensure_stored, materialize
+from ..spec import RuntimeEnvSpec
+from ..spec.model import canonical_dumps
+
+PREFIX = "jre-blob://"
+
+__all__ = [
+    "Manifest",
+    "build_manifest",
+    "materialize_manifest",
+    "missing",
+    "put_blob",
+]
+
+
+@dataclass
+class Manifest:
+    """A spec with placeholders for local content, and the content's listing.
+
+    ``token`` names it (the sha256 of the rest): the same spec and content give the same
+    token, so a node that has it staged skips the transfer.
+    """
+
+    spec: dict[str, Any]
+    trees: dict[str, list[list[Any]]] = field(default_factory=dict)
+    files: dict[str, list[Any]] = field(default_factory=dict)
+    token: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.spec, "trees": self.trees, "files": self.files, "token": self.token}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        return cls(data["spec"], data["trees"], data["files"], data["token"])
+
+    def blobs(self) -> dict[str, int]:
+        """Every blob the manifest needs: name -> size."""
+        out: dict[str, int] = {}
+        for entries in self.trees.values():
+            for _rel, executable, size, sha in entries:
+                out[sha + ("-x" if executable else "")] = size
+        for sha, (size, executable) in self.files.items():
+            out[sha + ("-x" if executable else "")] = size
+        return out
+
+    @property
+    def size(self) -> int:
+        return sum(self.blobs().values())
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+
+def build_manifest(spec: RuntimeEnvSpec, store_root: Path) -> Manifest:
+    """Hash the local content ``spec`` names and store it under ``store_root``. Blocking.
+
+    ``spec`` is resolved for the driver (``driver_sys_path`` a list). ``SpecError`` naming
+    the field when a directory is over the upload limit.
+    """
+    data = spec.to_json()
+    manifest = Manifest(data)
+    local = _Collector(manifest, store_root, spec.excludes, _sources.max_bytes(None))
+    if isinstance(data.get("working_dir"), str):
+        data["working_dir"] = local.add(data["working_dir"], "working_dir")
+    if isinstance(data.get("py_modules"), list):
+        data["py_modules"] = [
+            local.add(loc, f"py_modules.{i}") for i, loc in enumerate(data["py_modules"])
+        ]
+    if isinstance(data.get("driver_sys_path"), list):
+        data["driver_sys_path"] = [
+            local.add(entry, f"driver_sys_path.{i}")
+            for i, entry in enumerate(data["driver_sys_path"])
+            if os.path.isdir(entry) or os.path.isfile(entry)  # a missing entry does nothing
+        ]
+    manifest.token = hashlib.sha256(
+        canonical_dumps([data, manifest.trees, manifest.files]).encode()
+    ).hexdigest()
+    return manifest
+
+
+@dataclass
+class _Collector:
+    manifest: Manifest
+    store_root: Path
+    excludes: list[str]
+    limit: int
+
+    def add(self, location: str, field: str) -> str:
+        """The placeholder for ``location``, its content hashed, listed and stored."""
+        if _sources.is_url(location):
+            return location  # the node fetches it itself
+        name = os.path.basename(location.rstrip(os.sep)) or "root"
+        if os.path.isfile(location):
+            st = os.stat(location)
+            if st.st_size > self.limit:
+                raise SpecError(field, f"{location} is {st.st_size} bytes, {self._over()}")
+            sha = hash_file(location, st)
+            entry = FileEntry(name, location, bool(st.st_mode & 0o111), st.st_size, sha)
+            ensure_stored([entry], self.store_root)
+            self.manifest.files[sha] = [entry.size, entry.executable]
+            return f"{PREFIX}file/{sha}/{name}"
+        tree = hash_tree(location, self.excludes)
+        if tree.size > self.limit:
+            largest = ", ".join(f"{e.rel} ({e.size} bytes)" for e in tree.largest())
+            hint = " (or set driver_sys_path: false)" if field.startswith("driver_sys") else ""
+            raise SpecError(
+                field,
+                f"{location} holds {tree.size} bytes after excludes, {self._over()};"
+                f" largest files: {largest}. Add patterns to 'excludes' or a .gitignore{hint}",
+            )
+        ensure_stored(tree.entries, self.store_root)
+        listing = [[e.rel, e.executable, e.size, e.sha256] for e in tree.entries]
+        self.manifest.trees[tree.digest] = listing
+        return f"{PREFIX}tree/{tree.digest}/{name}"
+
+    def _over(self) -> str:
+        return f"over the upload limit of {self.limit} bytes ({_sources.MAX_BYTES_VAR})"
+
+
+def read_blob(store_root: Path, name: str) -> bytes:
+    """A blob's bytes from the driver's store. Blocking."""
+    return blob_path(store_root, name).read_bytes()
+
+
+# -- the node -----------------------------------------------------------------------------
+
+
+def missing(manifest: Manifest, cache_root: Path) -> list[str]:
+    """The blobs of ``manifest`` this node's store lacks. Blocking."""
+    out = []
+    for name, size in manifest.blobs().items():
+        try:
+            st = os.stat(blob_path(cache_root, name))
+        except FileNotFoundError:
+            out.append(name)
+            continue
+        if st.st_size != size or st.st_mtime_ns != BLOB_MTIME_NS:
+            out.append(name)
+    return sorted(out)
+
+
+def put_blob(cache_root: Path, name: str, data: bytes) -> None:
+    """Store a received blob, after checking it is what its name says. Blocking."""
+    sha, _, flag = name.partition("-")
+    if len(sha) != 64 or flag not in ("", "x") or any(c not in "0123456789abcdef" for c in sha):
+        raise ValueError(f"not a blob name: {name!r}")
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ValueError(f"blob {name} arrived with other content")
+    blob = blob_path(cache_root, name)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    tmp = blob.with_name(f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o555 if flag else 0o444)
+        os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+        os.replace(tmp, blob)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def materialize_manifest(manifest: Manifest, cache_root: Path) -> dict[str, Any]:
+    """Lay out the manifest's trees and files on this node; the spec with node paths.
+
+    Every blob must be in the node's store (``missing`` is empty). Blocking.
+    """
+    base = cache_root / "dask"
+
+    def place(value: Any) -> Any:
+        if isinstance(value, list):
+            return [place(v) for v in value]
+        if not isinstance(value, str) or not value.startswith(PREFIX):
+            return value
+        kind, key, name = value[len(PREFIX) :].split("/", 2)
+        if kind == "tree":
+            target = base / "trees" / key / name
+            if not target.is_dir():
+                entries = _entries(manifest.trees[key], cache_root)
+                _atomically(target, lambda tmp: materialize(Tree(key, entries), cache_root, tmp))
+            return str(target)
+        _size, executable = manifest.files[key]
+        target = base / "files" / key / name
+        if not target.is_file():
+            blob = blob_path(cache_root, key + ("-x" if executable else ""))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".tmp-{uuid.uuid4().hex}")
+            try:
+                os.link(blob, tmp)
+            except OSError:
+                shutil.copy2(blob, tmp)
+            os.replace(tmp, target)
+        return str(target)
+
+    spec = dict(manifest.spec)
+    for key in ("working_dir", "py_modules", "driver_sys_path"):
+        if key in spec:
+            spec[key] = place(spec[key])
+    return spec
+
+
+def _entries(listing: Iterable[list[Any]], cache_root: Path) -> tuple[FileEntry, ...]:
+    out = []
+    for rel, executable, size, sha in listing:
+        name = sha + ("-x" if executable else "")
+        out.append(FileEntry(rel, str(blob_path(cache_root, name)), bool(executable), size, sha))
+    return tuple(out)
+
+
+def _atomically(target: Path, fill: Any) -> None:
+    """Fill a fresh directory and rename it to ``target`` (a concurrent twin may win)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""Fixtures of the Dask tests: a real ``LocalCluster`` (two worker processes on 127.0.0.1),
+each worker with its own cache root, installing only from the tests' wheelhouse.
+
+The cluster is shared by the tests of a module (starting one takes seconds); the node agent
+plugin is registered once per cluster, so every executor on it uses the node cache roots
+given first (``node_roots``). After each test no environment worker of the test's
+executors may be left on the nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_runtimeenv.workers import api
+from tests.wheelhouse import make_wheelhouse
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="module")
+def node_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("nodes")
+
+
+@pytest.fixture(scope="module")
+def cluster(wheelhouse: Path) -> Iterator[Any]:
+    # The workers inherit this environment: their installers never reach an index.
+    offline = {
+        "UV_NO_INDEX": "1",
+        "UV_FIND_LINKS": str(wheelhouse),
+        "UV_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheelhouse),
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in offline.items():
+            mp.setenv(var, value)
+        cluster = distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Any) -> Iterator[Any]:
+    with distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture
+def make_executor(client: Any, node_root: Path, tmp_path: Path) -> Iterator[Any]:
+    from jupyter_runtimeenv.dask import DaskExecutor
+
+    made: list[Any] = []
+
+    def make(target: Any = None) -> Any:
+        executor = DaskExecutor(
+            client if target is None else target,
+            node_cache_dir=str(node_root / "node-{name}"),
+            driver_cache_dir=tmp_path / "driver-cache",
+        )
+        made.append(executor)
+        return executor
+
+    yield make
+    api.shutdown()
+    for executor in made:
+        executor.shutdown()
+    assert_no_env_workers(client)
+
+
+def node_pids(client: Any) -> list[int]:
+    from jupyter_runtimeenv.dask.node import node_info
+
+    info = client.run(node_info, on_error="return")
+    return [pid for answer in info.values() if isinstance(answer, dict) for pid in answer["pids"]]
+
+
+def assert_no_env_workers(client: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (pids := node_pids(client)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pids, f"environment workers left on the nodes: {pids}"
+
+
+def roots_of(client: Any) -> dict[str, str]:
+    from jupyter_runtimeenv.dask.node import node_info
+
+    return {node: info["cache_root"] for node, info in client.run(node_info).items()}
+
+
+def worker_pids(client: Any) -> dict[str, int]:
+    return client.run(os.getpid)
