@@ -1,0 +1,156 @@
+"""The edges of a Dask session: a cluster of its own that closes with nothing left behind,
+a node lost mid-task, a scheduler address instead of a client, and no ``distributed``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import jupyter_runtimeenv as jre
+from jupyter_runtimeenv.errors import BrokenWorker
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Any]:
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_cluster_closes_with_no_process_left_behind(own_cluster: Any, tmp_path: Path):
+    from jupyter_runtimeenv.dask import DaskExecutor
+    from jupyter_runtimeenv.dask.node import node_info
+
+    client = distributed.Client(own_cluster, set_as_default=False)
+    executor = DaskExecutor(
+        client,
+        node_cache_dir=str(tmp_path / "node-{name}"),
+        driver_cache_dir=tmp_path / "driver",
+    )
+    env = jre.parse({"env_vars": {"MODE": "x"}})
+    futures = [
+        executor.submit(time.sleep, (0.5,), {}, runtime_env=env, name="nap") for _ in range(4)
+    ]
+    for future in futures:
+        future.result(120)
+    env_workers = [pid for info in client.run(node_info).values() for pid in info["pids"]]
+    dask_workers = list(client.run(os.getpid).values())
+    assert env_workers
+    # The cluster's processes: the Dask workers (their nannies live in this process) and
+    # everything below them.
+    spawned = set(dask_workers)
+    for pid in dask_workers:
+        spawned |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    assert set(env_workers) <= spawned
+
+    executor.shutdown()
+    client.close()
+    own_cluster.close()
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in spawned if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"left behind: {[_describe(p) for p in alive]}"
+
+
+def test_a_node_lost_mid_task_is_a_broken_worker(own_cluster: Any, tmp_path: Path):
+    from jupyter_runtimeenv.dask import DaskExecutor
+
+    client = distributed.Client(own_cluster, set_as_default=False)
+    executor = DaskExecutor(client, node_cache_dir=str(tmp_path / "node-{name}"))
+    try:
+        marker = tmp_path / "started"
+        env = jre.parse({})
+        future = executor.submit(
+            _write_pid_and_hang, (str(marker),), {}, runtime_env=env, name="hang"
+        )
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.05)
+        env_worker = psutil.Process(int(marker.read_text()))
+        node = env_worker.parent()  # the Dask worker process that runs the node agent
+        address = next(a for a, pid in client.run(os.getpid).items() if pid == node.pid)
+        node.kill()
+        with pytest.raises(BrokenWorker) as info:
+            future.result(60)
+        assert f"Dask worker {address} was lost" in str(info.value)
+    finally:
+        executor.shutdown()
+        client.close()
+
+
+def test_init_with_a_scheduler_address(own_cluster: Any):
+    jre.init(
+        runtime_env={"env_vars": {"MODE": "by-address"}}, executor=own_cluster.scheduler_address
+    )
+    try:
+
+        @jre.remote
+        def mode() -> str:
+            return os.environ["MODE"]
+
+        assert jre.get(mode.remote(), timeout=120) == "by-address"
+    finally:
+        jre.shutdown()  # the session made the executor and its client: both close
+
+
+def test_without_distributed_one_clear_error(tmp_path: Path):
+    # distributed is installed here; a None entry in sys.modules makes importing it fail
+    # exactly as when it is absent.
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["distributed"] = None
+        import jupyter_runtimeenv as jre
+        try:
+            jre.init(executor="tcp://127.0.0.1:8786")
+        except ImportError as exc:
+            print("ERROR:", exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert "ERROR: running remote functions on Dask needs the 'distributed' package" in out
+    assert "pip install 'jupyter-runtimeenv[dask]'" in out
+
+
+def _write_pid_and_hang(path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(120)
+
+
+def _describe(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        return f"{pid} (parent {proc.ppid()}): {' '.join(proc.cmdline())[:200]}"
+    except psutil.NoSuchProcess:
+        return f"{pid} (gone)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
