@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,7 @@ class _Env:
     prepared: concurrent.futures.Future[Manifest] = field(default_factory=concurrent.futures.Future)
     staged: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
+    inflight: int = 0
     restaging: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
 
 
@@ -131,6 +133,7 @@ class DaskExecutor(Executor):
         self._envs: dict[tuple[str, tuple[str, ...] | None], _Env] = {}
         self._pending: dict[int, _Pending] = {}
         self._by_key: dict[str, _Pending] = {}
+        self._threads: dict[str, int] = {}
         self._staging = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="jupyter-runtimeenv-dask-stage"
         )
@@ -214,8 +217,9 @@ class DaskExecutor(Executor):
             spec = merge(default_runtime_env(), parse(dict(runtime_env)))
         env = self._env_for(spec)
         manifest = env.prepared.result()
+        nodes = self._nodes()
         with self._lock:
-            missing = [n for n in self._nodes() if n not in env.staged]
+            missing = [n for n in nodes if n not in env.staged]
         if missing:
             self._stage_nodes(env, manifest, missing)
         answers = self.client.run(
@@ -232,7 +236,9 @@ class DaskExecutor(Executor):
     # -- staging (threads of ``_staging``) --------------------------------------------------
 
     def _env_for(self, spec: RuntimeEnvSpec) -> _Env:
-        paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
+        paths = None
+        if spec.driver_sys_path is True:
+            paths = tuple(p for p in resolve_driver_sys_path() if not _in_dask_scratch(p))
         key = (spec.env_id, paths)
         with self._lock:
             if self._shut:
@@ -263,7 +269,21 @@ class DaskExecutor(Executor):
                 self._plugin_registered = True
 
     def _nodes(self) -> list[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        with self._lock:
+            for address, info in workers.items():
+                self._threads[address] = int(info.get("nthreads", 1))
+        return sorted(workers)
+
+    def _preferred(self, env: _Env) -> list[str] | None:
+        """Nodes where the env is READY while they have threads free for it; else every
+        node that has it staged (more nodes build it rather than tasks queue)."""
+        with self._lock:
+            env.inflight += 1
+            capacity = sum(self._threads.get(node, 1) for node in env.ready)
+            if env.ready and env.inflight <= capacity:
+                return sorted(env.ready)
+            return sorted(env.staged) or None
 
     def _stage_nodes(self, env: _Env, manifest: Manifest, nodes: list[str]) -> None:
         from .transfer import stage
@@ -300,7 +320,7 @@ class DaskExecutor(Executor):
         from .node import run_task
 
         manifest = env.prepared.result()
-        preferred = sorted(env.ready or env.staged) or None
+        preferred = self._preferred(env)
         pending.key = f"{pending.name}-{uuid.uuid4().hex}"
         try:
             dask_future = self.client.submit(
@@ -318,6 +338,8 @@ class DaskExecutor(Executor):
                 retries=pending.retries or None,
             )
         except Exception as exc:
+            with self._lock:
+                env.inflight -= 1
             self._fail(pending, WorkerError(f"{pending.name}: cannot submit to Dask: {exc}"))
             return
         pending.dask = dask_future
@@ -333,6 +355,8 @@ class DaskExecutor(Executor):
         from .node import NotStaged
 
         answer = await dask_future._result(raiseit=False)
+        with self._lock:
+            env.inflight -= 1
         status = dask_future.status
         self._by_key.pop(pending.key, None)
         pending.dask = None
@@ -416,6 +440,18 @@ class DaskExecutor(Executor):
             if dask_future is not None:
                 loop = asyncio.get_running_loop()
                 loop.run_in_executor(None, dask_future.cancel)
+
+
+def _in_dask_scratch(path: str) -> bool:
+    """Whether ``path`` is Dask's own scratch space (an in-process scheduler or worker puts
+    its directory on ``sys.path`` for uploaded files): never shipped."""
+    import tempfile
+
+    import dask.config
+
+    root = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
+    scratch = os.path.join(os.path.abspath(root), "dask-scratch-space")
+    return path == scratch or path.startswith(scratch + os.sep)
 
 
 # -- worker removals, shared by the executors of one client ---------------------------------
