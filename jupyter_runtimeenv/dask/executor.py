@@ -45,6 +45,8 @@ from .manifest import Manifest, build_manifest
 INSTALL_HINT = "pip install 'jupyter-runtimeenv[dask]'"
 #: How long a finished task's result waits for output lines still in flight.
 OUTPUT_GRACE = 2.0
+#: How often one task may land on nodes that lack its environment before it fails.
+MAX_RESTAGES = 3
 
 _task_ids = itertools.count(1)
 
@@ -89,6 +91,7 @@ class _Pending:
     expected: int = 0
     received: int = 0
     settled: bool = False
+    restaged: int = 0
 
 
 class DaskExecutor(Executor):
@@ -371,9 +374,18 @@ class DaskExecutor(Executor):
                 asyncio.get_running_loop().call_later(OUTPUT_GRACE, self._settle, pending)
             return
         error = answer[1] if status == "error" else None
-        if isinstance(error, NotStaged):
+        if isinstance(error, NotStaged) and pending.restaged < MAX_RESTAGES:
+            pending.restaged += 1
             env.staged.discard(error.node)
             self._staging.submit(self._restage, env, pending, error.node)
+        elif isinstance(error, NotStaged):
+            self._fail(
+                pending,
+                WorkerError(
+                    f"{pending.name}: Dask worker {error.node} could not"
+                    " get the environment (see the worker's log)"
+                ),
+            )
         elif isinstance(error, KilledWorker):
             where = getattr(error.last_worker, "address", "a Dask worker")
             self._fail(pending, BrokenWorker(f"{pending.name}: Dask worker {where} died: {error}"))

@@ -151,8 +151,9 @@ class NodeAgent:
 
     async def _stage(self, manifest: Manifest) -> None:
         spec = await asyncio.to_thread(_node_spec, manifest, self.cache_root)
-        self._staged[manifest.token] = spec
-        self._pending.pop(manifest.token, None)
+        with self._lock:
+            self._staged[manifest.token] = spec
+            self._pending.pop(manifest.token, None)
 
     async def build(self, token: str) -> str:
         """Build a staged env (and drop the reference taken to do so); its env id here."""

@@ -93,9 +93,38 @@ def test_a_node_lost_mid_task_is_a_broken_worker(own_cluster: Any, tmp_path: Pat
         with pytest.raises(BrokenWorker) as info:
             future.result(60)
         assert f"Dask worker {address} was lost" in str(info.value)
+        # Its environment worker outlives a SIGKILLed node until its call returns (it exits
+        # at EOF on its channel): end it here, the test's own orphan.
+        env_worker.kill()
     finally:
         executor.shutdown()
         client.close()
+
+
+def test_nodes_that_join_later_get_the_environment(own_cluster: Any, tmp_path: Path):
+    from jupyter_runtimeenv.dask import DaskExecutor
+
+    client = distributed.Client(own_cluster, set_as_default=False)
+    executor = DaskExecutor(client, node_cache_dir=str(tmp_path / "node-{name}"))
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "note.txt").write_text("shipped once")
+        env = jre.parse({"working_dir": str(work)})
+        executor.prepare(env)
+        before = set(client.run(os.getpid))
+        client.restart()  # new worker processes: new nodes, with the plugin, without the env
+        assert set(client.run(os.getpid)).isdisjoint(before)
+        future = executor.submit(_read, ("note.txt",), {}, runtime_env=env, name="read")
+        assert future.result(120) == "shipped once"
+    finally:
+        executor.shutdown()
+        client.close()
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def test_init_with_a_scheduler_address(own_cluster: Any):
