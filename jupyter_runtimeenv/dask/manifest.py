@@ -118,8 +118,8 @@ class _Collector:
 
     def add(self, location: str, field: str) -> str:
         """The placeholder for ``location``, its content hashed, listed and stored."""
-        if _sources.is_url(location):
-            return location  # the node fetches it itself
+        if _sources.kind_of(location) in ("url", "remote"):
+            return location  # http(s) or fsspec: the node fetches it itself
         name = os.path.basename(location.rstrip(os.sep)) or "root"
         if os.path.isfile(location):
             st = os.stat(location)
