@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .agent import RuntimeEnvAgent
     from .client import AgentClient, EmbeddedClient, get_client
     from .context import EnvContext, compose, process_env
+    from .dask import DaskExecutor
     from .errors import (
         AgentUnavailable,
         BrokenWorker,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
+    "DaskExecutor": "dask",
     "AgentClient": "client",
     "AgentUnavailable": "errors",
     "BrokenWorker": "errors",
@@ -98,6 +100,7 @@ __all__ = [
     "BuildError",
     "BuildTimeout",
     "CacheUnavailable",
+    "DaskExecutor",
     "EmbeddedClient",
     "EnvContext",
     "EnvInUse",

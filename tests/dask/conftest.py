@@ -9,8 +9,6 @@ executors may be left on the nodes.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import pytest
 
 from jupyter_runtimeenv.workers import api
+from tests.dask.helpers import assert_no_env_workers
 from tests.wheelhouse import make_wheelhouse
 
 distributed = pytest.importorskip("distributed")
@@ -85,27 +84,3 @@ def make_executor(client: Any, node_root: Path, tmp_path: Path) -> Iterator[Any]
     for executor in made:
         executor.shutdown()
     assert_no_env_workers(client)
-
-
-def node_pids(client: Any) -> list[int]:
-    from jupyter_runtimeenv.dask.node import node_info
-
-    info = client.run(node_info, on_error="return")
-    return [pid for answer in info.values() if isinstance(answer, dict) for pid in answer["pids"]]
-
-
-def assert_no_env_workers(client: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (pids := node_pids(client)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pids, f"environment workers left on the nodes: {pids}"
-
-
-def roots_of(client: Any) -> dict[str, str]:
-    from jupyter_runtimeenv.dask.node import node_info
-
-    return {node: info["cache_root"] for node, info in client.run(node_info).items()}
-
-
-def worker_pids(client: Any) -> dict[str, int]:
-    return client.run(os.getpid)

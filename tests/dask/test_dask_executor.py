@@ -11,10 +11,10 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import roots_of, worker_pids
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import BrokenWorker, BuildError, RemoteTaskError
+from tests.dask.helpers import roots_of, worker_pids
 
 distributed = pytest.importorskip("distributed")
 
