@@ -137,6 +137,7 @@ class DaskExecutor(Executor):
         self._pending: dict[int, _Pending] = {}
         self._by_key: dict[str, _Pending] = {}
         self._threads: dict[str, int] = {}
+        self._paths_memo: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._staging = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="jupyter-runtimeenv-dask-stage"
         )
@@ -241,7 +242,11 @@ class DaskExecutor(Executor):
     def _env_for(self, spec: RuntimeEnvSpec) -> _Env:
         paths = None
         if spec.driver_sys_path is True:
-            paths = tuple(p for p in resolve_driver_sys_path() if not _in_dask_scratch(p))
+            raw = resolve_driver_sys_path()  # memoised: the common case is one compare
+            memo = self._paths_memo
+            if memo is None or memo[0] is not raw:
+                memo = self._paths_memo = (raw, tuple(p for p in raw if not _in_dask_scratch(p)))
+            paths = memo[1]
         key = (spec.env_id, paths)
         with self._lock:
             if self._shut:

@@ -9,8 +9,9 @@ On the driver, every local directory or file a spec names (``working_dir``, ``py
 applied), its files are put in the driver's blob store (so the driver may delete or edit
 the directory afterwards), and its value in the spec becomes a placeholder
 ``jre-blob://tree/<digest>/<name>`` or ``jre-blob://file/<sha256>/<name>``. The manifest
-lists each tree's files as ``[rel, executable, size, sha256]``. A node asks for the blobs
-its own store lacks, receives each once, lays the trees out below its cache root
+lists each tree's files as ``[rel, mode, size, sha256]`` (the read-only mode of its blob).
+A node asks for the blobs its own store lacks, receives each once, lays the trees out below
+its cache root
 (``dask/trees/<digest>/<name>``, hardlinks to its blobs) and parses the spec with the
 placeholders replaced by those paths: no node ever reads a path of the driver.
 """
@@ -19,21 +20,24 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
 from ..plugins import _sources
-from ..plugins._hashing import FileEntry, Tree, hash_file, hash_tree
+from ..plugins._hashing import FileEntry, Tree, blob_mode, hash_file, hash_tree
 from ..plugins._store import BLOB_MTIME_NS, blob_path, ensure_stored, materialize
 from ..spec import RuntimeEnvSpec
 from ..spec.model import canonical_dumps
 
 PREFIX = "jre-blob://"
+#: What may follow a blob's sha256: nothing (0444), ``x`` (0555) or ``m`` and a read-only mode.
+_BLOB_MODE = re.compile(r"|x|m([0-7]{3})")
 
 __all__ = [
     "Manifest",
@@ -68,10 +72,10 @@ class Manifest:
         """Every blob the manifest needs: name -> size."""
         out: dict[str, int] = {}
         for entries in self.trees.values():
-            for _rel, executable, size, sha in entries:
-                out[sha + ("-x" if executable else "")] = size
-        for sha, (size, executable) in self.files.items():
-            out[sha + ("-x" if executable else "")] = size
+            for entry in _entries(entries, Path()):
+                out[entry.blob_name] = entry.size
+        for sha, (size, mode) in self.files.items():
+            out[FileEntry("", "", int(mode), int(size), sha).blob_name] = int(size)
         return out
 
     @property
@@ -126,9 +130,9 @@ class _Collector:
             if st.st_size > self.limit:
                 raise SpecError(field, f"{location} is {st.st_size} bytes, {self._over()}")
             sha = hash_file(location, st)
-            entry = FileEntry(name, location, bool(st.st_mode & 0o111), st.st_size, sha)
+            entry = FileEntry(name, location, blob_mode(st.st_mode), st.st_size, sha)
             ensure_stored([entry], self.store_root)
-            self.manifest.files[sha] = [entry.size, entry.executable]
+            self.manifest.files[sha] = [entry.size, entry.mode]
             return f"{PREFIX}file/{sha}/{name}"
         tree = hash_tree(location, self.excludes)
         if tree.size > self.limit:
@@ -140,7 +144,7 @@ class _Collector:
                 f" largest files: {largest}. Add patterns to 'excludes' or a .gitignore{hint}",
             )
         ensure_stored(tree.entries, self.store_root)
-        listing = [[e.rel, e.executable, e.size, e.sha256] for e in tree.entries]
+        listing = [[e.rel, e.mode, e.size, e.sha256] for e in tree.entries]
         self.manifest.trees[tree.digest] = listing
         return f"{PREFIX}tree/{tree.digest}/{name}"
 
@@ -173,8 +177,11 @@ def missing(manifest: Manifest, cache_root: Path) -> list[str]:
 def put_blob(cache_root: Path, name: str, data: bytes) -> None:
     """Store a received blob, after checking it is what its name says. Blocking."""
     sha, _, flag = name.partition("-")
-    if len(sha) != 64 or flag not in ("", "x") or any(c not in "0123456789abcdef" for c in sha):
+    mode = _BLOB_MODE.fullmatch(flag)
+    if len(sha) != 64 or mode is None or any(c not in "0123456789abcdef" for c in sha):
         raise ValueError(f"not a blob name: {name!r}")
+    if mode[1] and int(mode[1], 8) & 0o7222:
+        raise ValueError(f"blob {name}: a stored blob is never writable")
     if hashlib.sha256(data).hexdigest() != sha:
         raise ValueError(f"blob {name} arrived with other content")
     blob = blob_path(cache_root, name)
@@ -182,7 +189,7 @@ def put_blob(cache_root: Path, name: str, data: bytes) -> None:
     tmp = blob.with_name(f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     try:
         tmp.write_bytes(data)
-        os.chmod(tmp, 0o555 if flag else 0o444)
+        os.chmod(tmp, 0o555 if flag == "x" else int(mode[1], 8) if mode[1] else 0o444)
         os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
         os.replace(tmp, blob)
     finally:
@@ -208,10 +215,10 @@ def materialize_manifest(manifest: Manifest, cache_root: Path) -> dict[str, Any]
                 entries = _entries(manifest.trees[key], cache_root)
                 _atomically(target, lambda tmp: materialize(Tree(key, entries), cache_root, tmp))
             return str(target)
-        _size, executable = manifest.files[key]
+        size, mode = manifest.files[key]
         target = base / "files" / key / name
         if not target.is_file():
-            blob = blob_path(cache_root, key + ("-x" if executable else ""))
+            blob = blob_path(cache_root, FileEntry("", "", mode, size, key).blob_name)
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".tmp-{uuid.uuid4().hex}")
             try:
@@ -229,10 +236,11 @@ def materialize_manifest(manifest: Manifest, cache_root: Path) -> dict[str, Any]
 
 
 def _entries(listing: Iterable[list[Any]], cache_root: Path) -> tuple[FileEntry, ...]:
+    """A listing's entries, each with its blob in ``cache_root`` as the source."""
     out = []
-    for rel, executable, size, sha in listing:
-        name = sha + ("-x" if executable else "")
-        out.append(FileEntry(rel, str(blob_path(cache_root, name)), bool(executable), size, sha))
+    for rel, mode, size, sha in listing:
+        entry = FileEntry(str(rel), "", int(mode), int(size), str(sha))
+        out.append(replace(entry, source=str(blob_path(cache_root, entry.blob_name))))
     return tuple(out)
 
 
