@@ -78,6 +78,9 @@ def test_pip_environment_from_the_wheelhouse(make_executor: Any):
     roots = roots_of(executor.client).values()
     assert any(path.startswith(root) for root in roots), path  # installed on a node
     assert len(set(roots)) == 2  # each node its own cache
+    # The Dask worker processes passed bytes through: they never imported the package.
+    imported = executor.client.run(lambda: "alpha" in __import__("sys").modules)
+    assert not any(imported.values())
 
 
 def test_build_failure_names_the_node(make_executor: Any):
