@@ -16,6 +16,9 @@
     ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
     └── RemoteTaskError              the task raised; renders the remote traceback
 
+    KeyboardInterrupt
+    └── RemoteInterrupt              an interrupt that cancelled the remote tasks it waited on
+
 Third-party errors are converted at the boundary where they enter this package.
 """
 
@@ -34,6 +37,7 @@ __all__ = [
     "EnvNotFound",
     "InvalidName",
     "PluginNotFound",
+    "RemoteInterrupt",
     "RemoteTaskError",
     "RuntimeEnvError",
     "SerializationError",
@@ -257,3 +261,28 @@ class RemoteTaskError(RuntimeEnvError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteTaskError.wrap, (self.function, self.remote_traceback, self.cause))
+
+
+class RemoteInterrupt(KeyboardInterrupt):
+    """An interrupt (Ctrl-C, the notebook's stop button) while ``get``, ``wait``, ``result``
+    or ``%%remote`` waited: it cancelled ``cancelled`` (their workers were killed).
+
+    A ``KeyboardInterrupt``, so code that catches interrupts still does; not a
+    ``RuntimeEnvError``, so ``except Exception`` does not swallow it. IPython shows its one
+    line (``KeyboardInterrupt: cancelled 3 remote tasks of crunch``) instead of the frames
+    of the wait it broke.
+    """
+
+    def __init__(self, message: str, cancelled: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cancelled = list(cancelled)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self.message}" if self.message else "KeyboardInterrupt"]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteInterrupt, (self.message,))

@@ -1,6 +1,6 @@
 """Remote task execution: workers started in a composed environment, and the ``remote`` API.
 
-Public names: ``init``, ``remote``, ``get``, ``wait``, ``prestart``, ``shutdown``,
+Public names: ``init``, ``remote``, ``get``, ``wait``, ``cancel``, ``prestart``, ``shutdown``,
 ``RemoteFunction``, ``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so
 that importing the package (as ``python -m jupyter_runtimeenv.workers._entry`` does) stays
 cheap.
@@ -15,12 +15,14 @@ if TYPE_CHECKING:
     from .api import RemoteFunction, get, init, prestart, remote, shutdown, wait
     from .executor import Executor, LocalExecutor
     from .future import RemoteFuture
+    from .interrupt import cancel
 
 _EXPORTS = {
     "Executor": "executor",
     "LocalExecutor": "executor",
     "RemoteFunction": "api",
     "RemoteFuture": "future",
+    "cancel": "interrupt",
     "get": "api",
     "init": "api",
     "prestart": "api",
@@ -34,6 +36,7 @@ __all__ = [
     "LocalExecutor",
     "RemoteFunction",
     "RemoteFuture",
+    "cancel",
     "get",
     "init",
     "prestart",

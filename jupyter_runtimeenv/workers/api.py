@@ -1,4 +1,5 @@
-"""The Ray-like public API: ``init``, ``remote``, ``get``, ``wait`` (and ``shutdown``).
+"""The Ray-like public API: ``init``, ``remote``, ``get``, ``wait`` (and ``shutdown``;
+``cancel`` lives in ``interrupt``).
 
 Users call these from a notebook (the kernel is the driver)::
 
@@ -29,6 +30,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from ..spec import RuntimeEnvSpec, merge, parse
 from .executor import Executor, LocalExecutor
 from .future import RemoteFuture
+from .interrupt import interrupted
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -212,17 +214,31 @@ def get(
     """The result of a future, or the results of a list of futures, in order.
 
     Raises the task's error (``RemoteTaskError``, ``BrokenWorker``, ``BuildError`` ...) and
-    ``TimeoutError`` when ``timeout`` seconds pass first (for a list: in total).
+    ``TimeoutError`` when ``timeout`` seconds pass first (for a list: in total). An interrupt
+    (``KeyboardInterrupt``) cancels every future given that is not done, killing the workers
+    that run them, and is raised again with a one-line message (see ``interrupt``).
     """
+    __tracebackhide__ = True
     deadline = None if timeout is None else time.monotonic() + timeout
     if isinstance(refs, concurrent.futures.Future):
-        return _result(refs, deadline)
-    if not isinstance(refs, Sequence) or isinstance(refs, str | bytes):
+        refs_list = [refs]
+    elif not isinstance(refs, Sequence) or isinstance(refs, str | bytes):
         raise TypeError(f"get() expects a future or a list of futures, got {type(refs).__name__}")
-    return [_result(ref, deadline) for ref in refs]
+    else:
+        refs_list = list(refs)
+    try:
+        if isinstance(refs, concurrent.futures.Future):
+            return _result(refs, deadline)
+        return [_result(ref, deadline) for ref in refs_list]
+    except KeyboardInterrupt as caught:
+        # Raised anew: a one-line message instead of the frames of the wait it broke.
+        raise interrupted(
+            [f for f in refs_list if isinstance(f, concurrent.futures.Future)], caught
+        ) from None
 
 
 def _result(future: concurrent.futures.Future[T], deadline: float | None) -> T:
+    __tracebackhide__ = True
     if not isinstance(future, concurrent.futures.Future):
         raise TypeError(f"get() expects futures, got {type(future).__name__}")
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -242,20 +258,26 @@ def wait(
     """Wait until ``num_returns`` futures are done or ``timeout`` passes, like ``ray.wait``.
 
     Returns ``(ready, not_ready)``, each in the order given; ``ready`` holds at most
-    ``num_returns`` futures.
+    ``num_returns`` futures. An interrupt cancels the futures it was waiting on, as ``get``.
     """
     futures = list(futures)
     if not 0 <= num_returns <= len(futures):
         raise ValueError(f"num_returns must be between 0 and {len(futures)}, got {num_returns}")
     if len(set(map(id, futures))) != len(futures):
         raise ValueError("wait() got the same future twice")
+    __tracebackhide__ = True
     deadline = None if timeout is None else time.monotonic() + timeout
-    while sum(f.done() for f in futures) < num_returns:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            break
-        pending = [f for f in futures if not f.done()]
-        concurrent.futures.wait(pending, remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+    try:
+        while sum(f.done() for f in futures) < num_returns:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            pending = [f for f in futures if not f.done()]
+            concurrent.futures.wait(
+                pending, remaining, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+    except KeyboardInterrupt as caught:
+        raise interrupted(futures, caught) from None
     ready: list[concurrent.futures.Future[T]] = []
     for future in futures:
         if future.done() and len(ready) < num_returns:

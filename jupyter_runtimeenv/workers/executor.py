@@ -125,8 +125,12 @@ class LocalExecutor(Executor):
         task = Task(b"", future, OutputTarget.capture(name))
         task.payload = dump_call(task.id, function, args, kwargs, name)  # may raise at once
         task.sources = code_files(function)
-        while not self._pool_for(runtime_env).submit(task):
-            pass  # that pool began closing (idle, or superseded) just now: take the next one
+        try:
+            while not self._pool_for(runtime_env).submit(task):
+                pass  # that pool began closing (idle, or superseded) just now: take the next
+        except KeyboardInterrupt:
+            future.cancel()  # queued already, perhaps, but nobody would hold its future
+            raise
         return future
 
     def shutdown(self) -> None:

@@ -5,6 +5,7 @@ PENDING state while its task runs (``running()`` is answered from the pool's own
 that the standard ``cancel()`` succeeds for a running task too; the pool's cancel hook then
 kills the worker that runs it. Completion comes from a worker's reader thread via
 ``settle_result``/``settle_exception``, which lose quietly to a concurrent ``cancel()``.
+A ``KeyboardInterrupt`` while ``result()`` waits cancels the task too (see ``interrupt``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .interrupt import interrupted
 from .output import OutputTarget
 
 T = TypeVar("T")
 
 _task_ids = itertools.count(1)
+#: How often a task is handed to a worker that dies before reading it, before it fails.
+MAX_DELIVERIES = 3
 
 
 class RemoteFuture(Future[T]):
@@ -49,13 +53,32 @@ class RemoteFuture(Future[T]):
             hook(self)
         return True
 
+    def result(self, timeout: float | None = None) -> T:
+        """The task's value; an interrupt while waiting cancels the task (see ``interrupt``)."""
+        __tracebackhide__ = True
+        try:
+            return super().result(timeout)
+        except KeyboardInterrupt as caught:
+            raise interrupted(self, caught) from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The task's error or ``None``; an interrupt while waiting cancels the task."""
+        __tracebackhide__ = True
+        try:
+            return super().exception(timeout)
+        except KeyboardInterrupt as caught:
+            raise interrupted(self, caught) from None
+
     def __await__(self) -> Generator[Any, None, T]:
+        # Cancelling the awaiting asyncio task (ipykernel turns an interrupt during a
+        # top-level await into that; so does asyncio.run on Ctrl-C) cancels this future
+        # through wrap_future's chaining, and with it the task and its worker.
         return asyncio.wrap_future(self).__await__()
 
     # -- called by the pool and by the worker's reader thread ---------------------------
 
-    def mark_started(self) -> None:
-        self._started = True
+    def mark_started(self, started: bool = True) -> None:
+        self._started = started
 
     def set_cancel_hook(self, hook: Callable[[RemoteFuture[Any]], None]) -> None:
         self._cancel_hook = hook
@@ -63,10 +86,12 @@ class RemoteFuture(Future[T]):
     def settle_result(self, value: Any) -> None:
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: the canceller won
             self.set_result(value)
+        self._cancel_hook = None  # it holds the task (and its payload): let them go
 
     def settle_exception(self, error: BaseException) -> None:
         with contextlib.suppress(InvalidStateError):
             self.set_exception(error)
+        self._cancel_hook = None
 
 
 @dataclass(eq=False)
@@ -82,6 +107,9 @@ class Task:
     #: Settle the future with ``(kind, payload)`` as received, unpickled by whoever asked
     #: (a Dask node hands the bytes to the driver and never imports the task's packages).
     raw: bool = False
+    #: Workers it was handed to. One that dies with the CALL unread puts the task back in
+    #: the queue (it never ran), at most ``MAX_DELIVERIES`` times in all.
+    deliveries: int = 0
 
     @property
     def name(self) -> str:

@@ -19,6 +19,13 @@ by the idle timeout if no task comes, and is never started once the pool is clos
 time, it also imports cloudpickle after its HELLO (``_entry.WARM_VAR``), which a function
 defined in a notebook (pickled by value) needs: the first call pays neither cost.
 
+A worker that dies fails its task with ``BrokenWorker``, unless it died with the task's
+CALL unread (see ``protocol``): that task never ran and goes back to the head of the queue
+(``MAX_DELIVERIES`` times at most). A pool that closes when idle and is left empty by a
+death becomes DRAINING at once, under the lock, so that a task submitted meanwhile goes to a
+new pool instead of being cancelled by the close. A cancelled task's worker is ``retired``
+before it is killed: if it finishes the task first, it still takes no other.
+
 Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
 blocks (sending, spawning, settling futures, releasing) runs under it.
 """
@@ -39,7 +46,7 @@ from enum import Enum
 from ..context import EnvContext
 from ..errors import BrokenWorker, WorkerError
 from ._entry import WARM_VAR
-from .future import Task
+from .future import MAX_DELIVERIES, Task
 from .process import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -182,20 +189,33 @@ class Pool:
 
     def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None:
         failed: list[Task] = []
+        handoff: tuple[WorkerProcess, Task] | None = None
         with self._lock:
             self._workers.discard(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
             task, worker.task = worker.task, None
+            if task is not None and worker.call_unread and self._redeliver(task):
+                task = None
+                if self._idle:  # an idle worker takes it now rather than a new one later
+                    idle, queued = self._idle.pop(), self._queue.popleft()
+                    self._assign(idle, queued)
+                    handoff = idle, queued
             if not worker.ready and not any(w.ready for w in self._workers):
                 # It could not even start: the next one would not either. Fail the queue.
                 failed, self._queue = list(self._queue), deque()
             spawn = self._reserve_worker()
             close = self._finished() or (self.close_when_idle and self._empty())
+            if close and self.state is PoolState.READY:
+                # Decided now, under the lock: a task submitted before the close thread
+                # runs must go to a new pool, not be queued here and cancelled by close().
+                self.state = PoolState.DRAINING
         if task is not None:
             failed.insert(0, task)
         for each in failed:
             each.future.settle_exception(error if task is not each else _as_broken(error))
+        if handoff is not None:
+            handoff[0].send(handoff[1])
         if spawn is not None:
             self._start(spawn)
         if close:
@@ -205,10 +225,21 @@ class Pool:
 
     def _assign(self, worker: WorkerProcess, task: Task) -> None:
         worker.task = task
+        task.deliveries += 1
         task.future.mark_started()
 
+    def _redeliver(self, task: Task) -> bool:
+        """Queue again, first, a task whose worker died before reading it (it never ran)."""
+        if task.future.done() or task.deliveries >= MAX_DELIVERIES:
+            return False
+        if self.state is PoolState.CLOSED:
+            return False
+        task.future.mark_started(False)
+        self._queue.appendleft(task)
+        return True
+
     def _next_for(self, worker: WorkerProcess) -> Task | None:
-        if worker not in self._workers or self.state is PoolState.CLOSED:
+        if worker not in self._workers or self.state is PoolState.CLOSED or worker.retired:
             return None
         if self._queue:
             task = self._queue.popleft()
@@ -288,6 +319,10 @@ class Pool:
                 self._queue.remove(task)
             except ValueError:
                 victim = next((w for w in self._workers if w.task is task), None)
+                if victim is not None:
+                    # It may finish this task before the kill lands: it must not be given
+                    # the next one, which the kill would break.
+                    victim.retired = True
         if victim is not None:
             victim.kill()  # its reader thread reports the death; the pool replaces it
 
@@ -310,12 +345,17 @@ class Pool:
                 self.state = PoolState.READY
             while (worker := self._reserve_worker()) is not None:
                 spawn.append(worker)
-            if self.keep_spare and not spawn and len(self._workers) < self.max_workers:
+            closed = self.state is PoolState.CLOSED
+            if (
+                self.keep_spare
+                and not closed
+                and not spawn
+                and len(self._workers) < self.max_workers
+            ):
                 spawn.append(worker := WorkerProcess(ctx, self))
                 self._workers.add(worker)
-            elif self._prestart and (worker := self._reserve_first()) is not None:
+            elif self._prestart and not closed and (worker := self._reserve_first()):
                 spawn.append(worker)
-            closed = self.state is PoolState.CLOSED
         if closed:
             self._release_env()
         for worker in spawn:
@@ -324,8 +364,10 @@ class Pool:
     def _release_env(self) -> None:
         """Drop the agent reference, once. Lock not held."""
         with self._lock:
-            release, self._release = self._release, None
             ctx = self.ctx
+            if ctx is None:  # closed while acquiring: ``_acquire`` releases when it gets it
+                return
+            release, self._release = self._release, None
         _live_pools.discard(self)
         if release is not None and ctx is not None:
             try:

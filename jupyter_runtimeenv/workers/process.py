@@ -49,7 +49,8 @@ class WorkerListener(Protocol):
 
 
 class WorkerProcess:
-    """One worker. ``task`` (the running task) is read and written under the pool's lock."""
+    """One worker. ``task`` (the running task) and ``retired`` are written under the pool's
+    lock."""
 
     def __init__(
         self, ctx: EnvContext, listener: WorkerListener, *, startup_timeout: float = 60.0
@@ -61,6 +62,11 @@ class WorkerProcess:
         self.pid = 0
         self.idle_since = 0.0
         self.ready = False
+        #: Being killed (its task was cancelled): it takes no other task. Pool's lock.
+        self.retired = False
+        #: It died before reading all of its task's CALL (see ``protocol``): the task
+        #: never ran and may run elsewhere. Set by the reader thread before it reports.
+        self.call_unread = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
@@ -183,7 +189,10 @@ class WorkerProcess:
                     self._drain(forwarders, selector, target)
                 if sock not in readable:
                     continue
-                frame = protocol.recv_frame(sock)
+                try:
+                    frame = protocol.recv_frame(sock)
+                except ConnectionResetError:  # it died with our CALL (partly) unread
+                    self.call_unread, frame = True, None
                 if frame is None:
                     error = None if self._stopping else self._died()
                     break
@@ -197,6 +206,9 @@ class WorkerProcess:
             error = BrokenWorker(f"worker pid {self.pid} broke the protocol: {exc}")
         except WorkerError as exc:
             error = exc
+        except Exception as exc:  # MemoryError, a bug: never leave the task hanging
+            self.kill()
+            error = BrokenWorker(f"worker pid {self.pid}: the driver failed to read it: {exc!r}")
         finally:
             selector.close()
         self._finish(forwarders, error, last)

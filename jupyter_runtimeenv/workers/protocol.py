@@ -11,6 +11,11 @@ A frame is a 9-byte header, ``kind`` (1 byte) and ``length`` (8 bytes, big endia
     worker -> driver   RETURN  cloudpickle of (task_id, value)
     worker -> driver   RAISE   pickle of a dict of plain values (see ``_entry.failure``)
 
+The driver sends one CALL at a time and the next only after the RETURN/RAISE, so when a
+worker dies, unread bytes in its socket can only be the current CALL: Linux then reports
+``ECONNRESET`` to the driver instead of EOF, which tells a task that never reached its
+worker (it runs on a fresh one) from one that may have run (``BrokenWorker``).
+
 The driver ends a worker by closing its end (the worker sees EOF and exits). Anything else
 (an unknown kind, a length over ``MAX_FRAME``, EOF inside a frame) is a ``ProtocolError``:
 the side that sees it stops talking, and the driver kills the worker.
@@ -45,6 +50,8 @@ HEADER = struct.Struct("!BQ")
 MAX_FRAME = 1 << 40
 #: Below this a payload is copied behind the header so that a frame is one send.
 _SMALL = 1 << 16
+#: A frame's buffer is allocated up to this size at once; beyond, as the data arrives.
+_UPFRONT = 1 << 26
 
 
 class ProtocolError(Exception):
@@ -62,10 +69,20 @@ def send_frame(sock: Channel, kind: int, payload: bytes) -> None:
 
 
 def recv_exactly(sock: Channel, size: int) -> bytearray:
-    """Exactly ``size`` bytes; EOF before that is a ``ProtocolError``."""
-    buffer = bytearray(size)
-    _fill(sock, memoryview(buffer), 0)
-    return buffer
+    """Exactly ``size`` bytes; EOF before that is a ``ProtocolError``.
+
+    The buffer grows with what arrives (doubling past ``_UPFRONT``), so a length that lies
+    (a task scribbling on the channel) costs no more memory than the bytes really sent.
+    """
+    buffer = bytearray(min(size, _UPFRONT))
+    got = 0
+    while True:
+        with memoryview(buffer) as view:
+            _fill(sock, view, got, size)
+        got = len(buffer)
+        if got == size:
+            return buffer
+        buffer.extend(bytes(min(size - got, got)))  # realloc, usually in place
 
 
 def recv_frame(sock: Channel) -> tuple[int, bytearray] | None:
@@ -84,10 +101,12 @@ def recv_frame(sock: Channel) -> tuple[int, bytearray] | None:
     return kind, recv_exactly(sock, length)
 
 
-def _fill(sock: Channel, view: memoryview, got: int) -> None:
+def _fill(sock: Channel, view: memoryview, got: int, total: int | None = None) -> None:
     size = len(view)
     while got < size:
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise ProtocolError(f"connection closed inside a frame ({got} of {size} bytes)")
+            raise ProtocolError(
+                f"connection closed inside a frame ({got} of {total or size} bytes)"
+            )
         got += n

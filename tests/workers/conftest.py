@@ -2,7 +2,7 @@
 
 ``agent_executor`` is a ``LocalExecutor`` wired to an ``EmbeddedClient`` over a fresh cache
 and installed as the session executor; ``make_pool`` builds pools on a context made here.
-After every test no worker process of ours may be left (checked with psutil).
+After every test no worker process of ours may be left, running or zombie (psutil).
 """
 
 from __future__ import annotations
@@ -62,6 +62,23 @@ def no_leaked_workers() -> Iterator[None]:
     for proc in leftovers:
         proc.kill()
     assert not leftovers, f"worker processes left behind: {[p.pid for p in leftovers]}"
+    # Every process we started was waited for: no zombie either (a grace for reader
+    # threads still reaping a worker that just died).
+    deadline = time.monotonic() + 5
+    while (zombies := _zombie_children()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not zombies, f"zombie processes left behind: {zombies}"
+
+
+def _zombie_children() -> list[int]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 @pytest.fixture
