@@ -1,4 +1,5 @@
-"""IPython integration: the ``%runtime_env`` magic, loaded with ``%load_ext jupyter_runtimeenv``.
+"""IPython integration: ``%runtime_env``, ``%%remote`` and ``%driver_sys_path``, loaded with
+``%load_ext jupyter_runtimeenv``.
 
 Who calls it: IPython, through ``jupyter_runtimeenv.load_ipython_extension`` (the
 ``%load_ext`` hook of the top-level package), which delegates here. Loading registers the
@@ -17,16 +18,18 @@ USER_NAMES = ("remote", "get", "wait")
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register ``%runtime_env`` on ``ipython`` and push the remote API into its namespace."""
+    """Register the magics on ``ipython`` and push the remote API into its namespace."""
     from ..workers import api
     from .magics import RuntimeEnvMagics
+    from .remote_cell import RemoteCellMagics
 
     ipython.register_magics(RuntimeEnvMagics(ipython))
+    ipython.register_magics(RemoteCellMagics(ipython))
     ipython.push({name: getattr(api, name) for name in USER_NAMES})
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext jupyter_runtimeenv``: release the magic's environment reference.
+    """``%unload_ext jupyter_runtimeenv``: release the magic's environment references.
 
     The magic itself stays registered (IPython has no way to unregister a magics class);
     the names pushed into the user namespace are removed.
@@ -36,5 +39,5 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     magics = ipython.magics_manager.registry.get(RuntimeEnvMagics.__name__)
     if isinstance(magics, RuntimeEnvMagics):
-        magics.release()
+        magics.release(every=True)
     ipython.drop_by_id({name: getattr(api, name) for name in USER_NAMES})

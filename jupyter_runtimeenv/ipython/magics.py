@@ -1,12 +1,16 @@
-"""``%runtime_env``: set, show or clear the notebook's default runtime environment.
+"""``%runtime_env`` (line and cell form) and ``%driver_sys_path``.
 
 Who calls it: IPython, after ``%load_ext jupyter_runtimeenv`` registered ``RuntimeEnvMagics``.
 The flags become a spec that is merged over the current default (``spec.merge``: key by key,
 ``env_vars`` and ``config`` per entry) and handed to ``jupyter_runtimeenv.init``; with
-``config.eager_install`` (the default) the environment is built at once, through the same
-client and with the same resolved ``driver_sys_path`` that the first task will use, so
-that task finds it ready. The magic keeps one reference on the environment it built and
-drops it when the default changes. Bad input is one ``UsageError`` line naming the field.
+``--name NAME`` over the env of that name instead (``workers.envs``). The cell form's body
+(YAML or JSON) *is* the env, the flags merged over it: re-running an edited cell gives
+exactly what it says. With ``config.eager_install`` (the default) the environment is built
+at once, through the same client and with the same resolved ``driver_sys_path`` that the
+first task will use, so that task finds it ready; ``--background`` returns at once and
+leaves the build running (the first task waits for it). The magic keeps one reference per
+env (default or name) on what it built and drops it when that env changes. Bad input is one
+``UsageError`` line naming the field, and changes nothing.
 
 The build shows in a ``BuildStatusWidget`` (``widget.py``) when the shell is a kernel's
 (``widgets_available``), as text lines otherwise or with ``--no-widget``; the summary
@@ -15,22 +19,24 @@ line is printed as text either way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import IPython.core.magic_arguments as _untyped_magic_arguments
 import yaml
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from ..errors import BuildError, RuntimeEnvError, SpecError
 from ..spec import RuntimeEnvSpec, merge, parse
 from ..spec.paths import resolve_path
-from ..workers import api
+from ..workers import api, envs
 
 __all__ = ["RuntimeEnvMagics", "spec_from_args"]
 
@@ -53,12 +59,19 @@ def argument(*args: Any, **kwargs: Any) -> _Decorator:
     return decorator
 
 
-def parse_argstring(magic: Any, line: str) -> Any:
-    """Shell-like words (quotes removed, unlike IPython's ``arg_split``), then the flags."""
+def parse_argstring(magic: Any, line: str, name: str = "runtime_env") -> Any:
+    """Shell-like words (quotes removed, unlike IPython's ``arg_split``), then the flags.
+
+    ``-h``/``--help`` prints the usage and raises ``SystemExit`` (IPython's magic parsers
+    have no help flag of their own); a bad flag is a ``UsageError``.
+    """
     try:
         words = shlex.split(line)
     except ValueError as exc:  # an unclosed quote
-        raise UsageError(f"runtime_env: {exc}") from None
+        raise UsageError(f"{name}: {exc}") from None
+    if "-h" in words or "--help" in words:
+        print(magic.parser.format_help().rstrip())
+        raise SystemExit(0)
     return magic.parser.parse_args(words)
 
 
@@ -112,8 +125,9 @@ def _first_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def show(spec: RuntimeEnvSpec | None, built: str | None = None) -> str:
-    """The default spec as YAML (what ``--file`` accepts), or a line saying there is none.
+def show(spec: RuntimeEnvSpec | None, built: str | None = None, name: str | None = None) -> str:
+    """The default (or named) spec as YAML (what ``--file`` accepts), or a line saying there
+    is none.
 
     ``built`` is the env id the magic last built: the spec's own id plus the notebook's
     ``sys.path`` (``driver_sys_path``), resolved when a task is submitted.
@@ -121,23 +135,44 @@ def show(spec: RuntimeEnvSpec | None, built: str | None = None) -> str:
     if spec is None:
         return "no default runtime env: tasks run in an environment like the kernel's"
     text = yaml.safe_dump(spec.to_json(), sort_keys=False, default_flow_style=False)
-    head = "# default runtime env" + (f" (built as {built[:12]})" if built else "")
+    what = f"runtime env {name!r}" if name else "default runtime env"
+    head = f"# {what}" + (f" (built as {built[:12]})" if built else "")
     return f"{head}\n{text.rstrip()}"
+
+
+def spec_from_body(body: str) -> RuntimeEnvSpec:
+    """The spec a ``%%runtime_env`` cell's body (YAML or JSON) gives; ``SpecError`` naming the
+    field, or the body's line when it is not YAML. Relative paths are relative to the cwd."""
+    try:
+        data = yaml.safe_load(body)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError("", f"the cell body is not YAML or JSON{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError("", f"the cell body must be a mapping of fields, got {type(data).__name__}")
+    return parse(data)
 
 
 @magics_class
 class RuntimeEnvMagics(Magics):
-    """The ``%runtime_env`` line magic; one instance per IPython shell."""
+    """``%runtime_env``, ``%%runtime_env`` and ``%driver_sys_path``; one per IPython shell."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        #: (env id, holder) of the environment the last eager build took a reference on.
-        self._held: tuple[str, str] | None = None
+        #: env name (``None``: the default) -> (env id, holder) of the reference its last
+        #: eager build took.
+        self._held: dict[str | None, tuple[str, str]] = {}
+        self._lock = threading.Lock()
         self._builds = 0
         #: Show builds in a widget: ``None`` decides by the shell (``widgets_available``).
         self.widget: bool | None = None
 
     @magic_arguments()
+    @argument("--name", metavar="NAME", help="declare (or change) the env NAME, not the default")
     @argument("--pip", action="extend", nargs="+", metavar="REQ", help="requirements to install")
     @argument(
         "--find-links",
@@ -158,41 +193,74 @@ class RuntimeEnvMagics(Magics):
         help="do not give workers the kernel's sys.path",
     )
     @argument("--no-eager-install", action="store_true", help="build at the first task, not now")
-    @argument("--clear", action="store_true", help="forget the default runtime env")
+    @argument(
+        "--background",
+        action="store_true",
+        help="return at once; the build goes on (shown live in a widget), the first task waits",
+    )
+    @argument("--list", action="store_true", help="the default and named envs, ids and states")
+    @argument("--clear", action="store_true", help="forget the default (or --name) runtime env")
     @argument("--no-widget", action="store_true", help="show the build as text, not a widget")
-    @line_magic
-    def runtime_env(self, line: str) -> None:
-        """Set, merge, show (no arguments) or clear the notebook's default runtime env.
+    @line_cell_magic
+    def runtime_env(self, line: str, cell: str | None = None) -> None:
+        """Set, merge, show (no arguments), list or clear the notebook's runtime envs.
 
-        Flags are merged over the current default key by key (``--pip`` replaces the
-        requirement list, ``--env-var`` adds variables). With ``config.eager_install`` the
-        environment is built now, printing its steps and the installer's output.
+        Line form: flags are merged over the current default (or the env ``--name``) key by
+        key (``--pip`` replaces the requirement list, ``--env-var`` adds variables). Cell
+        form: the body (YAML or JSON) is the env, the flags are merged over it. With
+        ``config.eager_install`` the environment is built now, showing its steps and the
+        installer's output.
         """
         try:
             args = parse_argstring(RuntimeEnvMagics.runtime_env, line)
-        except SystemExit:  # argparse on --help or a bad flag; IPython already printed
+        except SystemExit:  # --help, printed
+            return
+        name = args.name
+        if name is not None:
+            try:
+                envs.check_name(name)
+            except SpecError as exc:
+                raise UsageError(f"runtime_env: --name: {exc.reason}") from None
+        if args.list:
+            print(self.listing())
             return
         if args.clear:
-            api.init(runtime_env=None)
-            self.release()
-            print("default runtime env cleared")
+            if name is None:
+                api.init(runtime_env=None)
+            elif not envs.forget(name):
+                raise UsageError(f"runtime_env: no environment named {name!r}")
+            self.release(name)
+            print(f"runtime env {name!r} forgotten" if name else "default runtime env cleared")
             return
-        current = api.default_runtime_env()
-        if not line.strip():
-            print(show(current, self._held[0] if self._held else None))
+        current = api.default_runtime_env() if name is None else _named(name)
+        if cell is None and not _has_flags(line, name):
+            held = self._held.get(name)
+            if name is not None and current is None:
+                raise UsageError(f"runtime_env: no environment named {name!r}")
+            print(show(current, held[0] if held else None, name))
             return
         try:
-            spec = spec_from_args(args, current)
+            base = current if cell is None else spec_from_body(cell)
+            spec = spec_from_args(args, base)
         except SpecError as exc:
             # One line: some reasons (packaging's) add a caret diagram below.
             raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
+        label = f"runtime env {name!r}" if name else "default runtime env"
         if spec.config.eager_install:
-            self._build(spec, widget=not args.no_widget and self._widgets())
-        api.init(runtime_env=spec)
+            widget = not args.no_widget and self._widgets()
+            if args.background:
+                self._build_in_background(spec, name, widget=widget)
+            else:
+                self._build(spec, name, widget=widget)
+        if name is None:
+            api.init(runtime_env=spec)
+        else:
+            envs.declare(name, spec)
         if spec.config.eager_install:
-            api.prestart()  # READY now: its first worker starts, so the first call skips that
+            # Its first worker starts now (once the env is READY), so the first call skips that.
+            api.prestart(spec)
         if not spec.config.eager_install:
-            print(f"default runtime env {spec.env_id[:12]} set (built at the first task)")
+            print(f"{label} {spec.env_id[:12]} set (built at the first task)")
 
     def _widgets(self) -> bool:
         if self.widget is not None:
@@ -201,54 +269,231 @@ class RuntimeEnvMagics(Magics):
 
         return widgets_available(self.shell)
 
-    def _build(self, spec: RuntimeEnvSpec, *, widget: bool = False) -> None:
-        """Build ``spec`` as the first task will see it; the default is unchanged on failure."""
+    def _holder(self) -> str:
+        with self._lock:
+            self._builds += 1
+            return f"runtime_env-magic:{os.getpid()}:{self._builds}"
+
+    def _build(self, spec: RuntimeEnvSpec, name: str | None, *, widget: bool = False) -> None:
+        """Build ``spec`` as the first task will see it; the env is unchanged on failure."""
+        from ..client import EmbeddedClient, get_client
+        from ..workers.executor import resolve_for_driver
+        from .progress import build_now
+
+        resolved = resolve_for_driver(spec)
+        holder = self._holder()
+        client = get_client()
+        try:
+            if widget:
+                summary = _build_in_widget(resolved, holder)
+            else:
+                summary = build_now(resolved, client, holder, sys.stdout)
+        except BuildError as exc:
+            # The widget, or the streamed lines, showed the output: the error says it once.
+            streamed = widget or isinstance(client, EmbeddedClient)
+            raise UsageError(_build_failed(exc, name, with_tail=not streamed)) from None
+        except RuntimeEnvError as exc:
+            raise UsageError(f"runtime_env: {exc}") from None
+        self._hold(name, summary.env_id, holder)
+        print(summary.line())
+
+    def _build_in_background(self, spec: RuntimeEnvSpec, name: str | None, *, widget: bool) -> None:
+        """Start the build and return: a widget (if shown) keeps updating; a task submitted
+        meanwhile waits for the same build (the agent builds an env once)."""
+        import io
+
         from ..client import get_client
         from ..workers.executor import resolve_for_driver
         from .progress import build_now
 
         resolved = resolve_for_driver(spec)
-        self._builds += 1
-        holder = f"runtime_env-magic:{os.getpid()}:{self._builds}"
-        try:
-            if widget:
-                summary = _build_in_widget(resolved, holder)
-            else:
-                summary = build_now(resolved, get_client(), holder, sys.stdout)
-        except BuildError as exc:
-            raise UsageError(
-                f"runtime_env: build failed (the default was not changed): {exc}"
-            ) from None
-        except RuntimeEnvError as exc:
-            raise UsageError(f"runtime_env: {exc}") from None
-        self.release()
-        self._held = (summary.env_id, holder)
-        print(summary.line())
+        holder = self._holder()
+        client = get_client()
+        view = None
+        if widget:
+            view, handle = _show_widget(resolved.env_id)
 
-    def release(self) -> None:
-        """Drop the reference the last eager build took (the default changed or was cleared)."""
-        held, self._held = self._held, None
-        if held is None:
+        def run() -> None:
+            try:
+                summary = build_now(resolved, client, holder, io.StringIO(), view)
+            except BaseException:  # shown by the widget; the first task raises it too
+                return
+            finally:
+                if view is not None and handle is not None:
+                    handle.update(view)
+            self._hold(name, summary.env_id, holder)
+
+        threading.Thread(target=run, name="runtime-env-background-build", daemon=True).start()
+        print(
+            f"building runtime env {resolved.env_id[:12]} in the background;"
+            " the first task in it waits for it"
+        )
+
+    def _hold(self, name: str | None, env_id: str, holder: str) -> None:
+        self.release(name)
+        with self._lock:
+            self._held[name] = (env_id, holder)
+
+    def release(self, name: str | None = None, *, every: bool = False) -> None:
+        """Drop the reference the last eager build of ``name`` (or ``every`` one) took."""
+        with self._lock:
+            keys = list(self._held) if every else [name]
+            dropped = [self._held.pop(key) for key in keys if key in self._held]
+        if not dropped:
             return
         from ..client import get_client
 
-        # RuntimeEnvError: the agent is gone, and its references went with it.
-        with contextlib.suppress(RuntimeEnvError):
-            get_client().release_sync(*held)
+        client = get_client()
+        for held in dropped:
+            # RuntimeEnvError: the agent is gone, and its references went with it.
+            with contextlib.suppress(RuntimeEnvError):
+                client.release_sync(*held)
+
+    def listing(self) -> str:
+        """``--list``: the default and named envs with their env ids and the agent's states."""
+        declared = envs.declared_envs()
+        if not declared:
+            return "no runtime envs declared (%runtime_env [--name NAME] ... declares one)"
+        states = _agent_states()
+        rows = [("NAME", "ENV ID", "STATE")]
+        for entry in declared:
+            state = states.get(entry["env_id"], "not built")
+            rows.append((entry["name"] or "(default)", entry["env_id"][:12], state))
+        width = max(len(r[0]) for r in rows)
+        return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
+
+    @magic_arguments()
+    @argument("--add", metavar="PATH", help="put PATH first on the kernel's sys.path")
+    @argument("--remove", metavar="PATH", help="take PATH off")
+    @argument("--off", action="store_true", help="workers do not get the kernel's sys.path")
+    @argument("--on", action="store_true", help="workers get the kernel's sys.path (default)")
+    @line_magic
+    def driver_sys_path(self, line: str) -> None:
+        """Show the entries workers get first on their ``sys.path``, in order; change them.
+
+        With the default (``driver_sys_path: true``) these are the kernel's own ``sys.path``
+        entries (minus its interpreter's stdlib and site-packages): ``--add``/``--remove``
+        change the kernel's ``sys.path``. With an explicit list in the default env they
+        change that list. ``--off``/``--on`` set ``driver_sys_path`` of the default env.
+        """
+        try:
+            args = parse_argstring(RuntimeEnvMagics.driver_sys_path, line, "driver_sys_path")
+        except SystemExit:
+            return
+        if args.on and args.off:
+            raise UsageError("driver_sys_path: --on and --off together")
+        if args.on or args.off:
+            api.init(runtime_env=merge(api.default_runtime_env(), {"driver_sys_path": args.on}))
+        if args.add or args.remove:
+            self._change_paths(args.add, args.remove)
+        print(_describe_driver_sys_path())
+
+    def _change_paths(self, add: str | None, remove: str | None) -> None:
+        spec = api.default_runtime_env()
+        setting = True if spec is None else spec.driver_sys_path
+        if setting is True:
+            if remove is not None:
+                target = os.path.abspath(remove)
+                hits = [e for e in sys.path if e and os.path.abspath(e) == target]
+                if not hits:
+                    raise UsageError(f"driver_sys_path: {remove} is not on the kernel's sys.path")
+                for entry in hits:
+                    sys.path.remove(entry)
+            if add is not None:
+                sys.path.insert(0, os.path.abspath(add))
+            return
+        entries = [] if setting is False else list(setting)
+        if remove is not None:
+            target = os.path.abspath(remove)
+            if target not in entries:
+                raise UsageError(f"driver_sys_path: {remove} is not in the list")
+            entries.remove(target)
+        if add is not None:
+            entries.insert(0, os.path.abspath(add))
+        try:
+            api.init(runtime_env=merge(spec, {"driver_sys_path": entries}))
+        except SpecError as exc:
+            raise UsageError(f"driver_sys_path: {_first_line(exc)}") from None
+
+
+def _describe_driver_sys_path() -> str:
+    from ..workers.executor import resolve_driver_sys_path
+
+    spec = api.default_runtime_env()
+    setting = True if spec is None else spec.driver_sys_path
+    if setting is False:
+        return "driver_sys_path: off (workers get only their environment's sys.path)"
+    if setting is True:
+        entries = list(resolve_driver_sys_path())
+        head = f"driver_sys_path: the kernel's sys.path, {len(entries)} entries first on workers'"
+    else:
+        entries = list(setting)
+        head = f"driver_sys_path: a list of {len(entries)} entries first on workers'"
+    return "\n".join([head, *(f"  {i}. {e}" for i, e in enumerate(entries, 1))])
+
+
+def _has_flags(line: str, name: str | None) -> bool:
+    """More on the line than ``--name NAME``."""
+    words = shlex.split(line)
+    if name is not None:
+        for form in (["--name", name], [f"--name={name}"]):
+            for i in range(len(words) - len(form) + 1):
+                if words[i : i + len(form)] == form:
+                    del words[i : i + len(form)]
+                    break
+    return bool(words)
+
+
+def _named(name: str) -> RuntimeEnvSpec | None:
+    try:
+        return envs.lookup(name)
+    except SpecError:
+        return None
+
+
+def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
+    what = f"the env {name!r}" if name else "the default"
+    message = str(exc) if with_tail else f"{exc.step}: {exc.message}" if exc.step else exc.message
+    text = f"runtime_env: build failed ({what} was not changed): {message}"
+    if not with_tail and exc.log_path:
+        text += f" (full log: {exc.log_path})"
+    return text
+
+
+def _agent_states() -> dict[str, str]:
+    """env id -> state, from the agent (empty if it cannot be asked)."""
+    from ..client import get_client
+
+    client = get_client()
+    found: list[dict[str, Any]] = []
+
+    def ask() -> None:
+        with contextlib.suppress(RuntimeEnvError, OSError):
+            found.extend(asyncio.run(client.status()))
+
+    thread = threading.Thread(target=ask, name="runtime-env-status", daemon=True)
+    thread.start()
+    thread.join(30)
+    return {str(e.get("env_id")): str(e.get("state")) for e in found}
+
+
+def _show_widget(env_id: str) -> tuple[Any, Any]:
+    import IPython.display
+
+    from .widget import BuildStatusWidget
+
+    widget = BuildStatusWidget(env_id)
+    display: Any = IPython.display.display  # untyped
+    return widget, display(widget, display_id=True)
 
 
 def _build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
     """``build_now`` shown in a ``BuildStatusWidget``, displayed now and updated at the end
     (the update refreshes its text/plain form for text-only frontends and saved notebooks)."""
-    import IPython.display
-
     from ..client import get_client
     from .progress import build_now
-    from .widget import BuildStatusWidget
 
-    widget = BuildStatusWidget(spec.env_id)
-    display: Any = IPython.display.display  # untyped
-    handle = display(widget, display_id=True)
+    widget, handle = _show_widget(spec.env_id)
     try:
         return build_now(spec, get_client(), holder, sys.stdout, widget)
     finally:

@@ -12,10 +12,12 @@ Users call these from a notebook (the kernel is the driver)::
     futures = [crunch.remote(i) for i in range(10)]
     jre.get(futures)                                     # or: await futures[0]
     crunch.options(runtime_env={"pip": ["numpy"]}).remote(3)
+    crunch.options(runtime_env="gpu").remote(3)     # a named env (``envs.declare``)
 
 The effective environment of a call is the session default (``init``), then the function's
 ``@remote(runtime_env=...)``, then ``.options(runtime_env=...)``, merged by ``spec.merge``
-(key by key; ``env_vars`` per variable).
+(key by key; ``env_vars`` per variable). A name instead of a mapping (a named env,
+``%runtime_env --name``) takes the default's place as the base the mappings merge over.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from ..spec import RuntimeEnvSpec, merge, parse
+from . import envs
 from .executor import Executor, LocalExecutor
 from .future import RemoteFuture
 from .interrupt import interrupted
@@ -37,6 +40,8 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 EnvLike = RuntimeEnvSpec | Mapping[str, Any]
+#: A spec, a mapping, or the name of a declared env.
+EnvRef = EnvLike | str
 
 
 class _Session:
@@ -108,6 +113,7 @@ def shutdown() -> None:
         old = _session.executor if _session.owns_executor else None
         _session.runtime_env, _session.executor, _session.owns_executor = None, None, False
         _session.generation += 1
+    envs.clear()
     if old is not None:
         old.shutdown()
 
@@ -116,14 +122,23 @@ class RemoteFunction(Generic[P, R]):
     """A function that runs in a worker: ``f.remote(...)`` returns a ``RemoteFuture``."""
 
     def __init__(
-        self, function: Callable[P, R], runtime_env: EnvLike | None = None, retries: int = 0
+        self,
+        function: Callable[P, R],
+        runtime_env: EnvRef | None = None,
+        retries: int = 0,
+        *,
+        env_name: str | None = None,
     ) -> None:
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         self._function = function
         self._retries = retries
+        #: The named env the overrides merge over (``None``: the session default).
+        self._env_name = env_name
+        if isinstance(runtime_env, str):
+            self._env_name, runtime_env = envs.check_name(runtime_env), None
         self._runtime_env = None if runtime_env is None else _as_spec(runtime_env)
-        self._memo: tuple[int, RuntimeEnvSpec] | None = None
+        self._memo: tuple[tuple[int, int], RuntimeEnvSpec] | None = None
         functools.update_wrapper(self, function)
 
     def __repr__(self) -> str:
@@ -147,21 +162,26 @@ class RemoteFunction(Generic[P, R]):
         )
 
     def options(
-        self, *, runtime_env: EnvLike | None = None, retries: int | None = None
+        self, *, runtime_env: EnvRef | None = None, retries: int | None = None
     ) -> RemoteFunction[P, R]:
-        """The same function with ``runtime_env`` merged over this one's (and ``retries``)."""
+        """The same function with ``runtime_env`` merged over this one's (and ``retries``);
+        a name selects that named env as the base instead of the session default."""
         if runtime_env is None and retries is None:
             return self
-        env = self._runtime_env
-        if runtime_env is not None:
+        env, name = self._runtime_env, self._env_name
+        if isinstance(runtime_env, str):
+            name = runtime_env
+        elif runtime_env is not None:
             env = merge(self._runtime_env, _as_spec(runtime_env))
-        return RemoteFunction(self._function, env, self._retries if retries is None else retries)
+        again = self._retries if retries is None else retries
+        return RemoteFunction(self._function, env, again, env_name=name)
 
     def _effective_env(self) -> RuntimeEnvSpec:
-        memo, generation = self._memo, _session.generation
+        memo, generation = self._memo, (_session.generation, envs.generation)
         if memo is not None and memo[0] == generation:
             return memo[1]
-        spec = merge(_session.runtime_env, self._runtime_env)
+        base = _session.runtime_env if self._env_name is None else envs.lookup(self._env_name)
+        spec = merge(base, self._runtime_env)
         self._memo = (generation, spec)
         return spec
 
@@ -172,7 +192,7 @@ def remote(function: Callable[P, R], /) -> RemoteFunction[P, R]: ...
 
 @overload
 def remote(
-    *, runtime_env: EnvLike | None = None, retries: int = 0
+    *, runtime_env: EnvRef | None = None, retries: int = 0
 ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
 
@@ -180,10 +200,11 @@ def remote(
     function: Callable[P, R] | None = None,
     /,
     *,
-    runtime_env: EnvLike | None = None,
+    runtime_env: EnvRef | None = None,
     retries: int = 0,
 ) -> RemoteFunction[P, R] | Callable[[Callable[P, R]], RemoteFunction[P, R]]:
-    """``@remote`` or ``@remote(runtime_env={...}, retries=N)`` on a function.
+    """``@remote``, ``@remote(runtime_env={...}, retries=N)`` or
+    ``@remote(runtime_env="NAME")`` on a function (a name: a named env, ``envs.declare``).
 
     ``retries``: on a Dask cluster, how many more times the call may run when its node is
     lost or its worker process dies (mark idempotent functions only). Locally unused.
