@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         WorkerError,
         WorkerSetupError,
     )
+    from .ipython.tasks import progress
     from .plugins import BuildContext, RuntimeEnvPlugin
     from .spec import RuntimeEnvConfig, RuntimeEnvSpec, SpecPolicy, merge, parse
     from .workers import (
@@ -94,6 +95,7 @@ _EXPORTS = {
     "merge": "spec",
     "parse": "spec",
     "process_env": "context",
+    "progress": "ipython.tasks",
 }
 
 __all__ = [
@@ -137,6 +139,7 @@ __all__ = [
     "parse",
     "prestart",
     "process_env",
+    "progress",
     "remote",
     "shutdown",
     "wait",

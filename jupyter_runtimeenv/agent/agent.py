@@ -481,7 +481,7 @@ class RuntimeEnvAgent:
         """One step of a build: the resource ``uri``, with step events around it."""
         env_id, name, uri = job.spec.env_id, job.name, job.uri
         step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
-        self._step(env_id, step, status="running", uri=uri, started=time.time())
+        self._step(env_id, step, status="running", uri=uri, label=_label(job), started=time.time())
         status = "cancelled"
         try:
             path, cached = await self._resources.need(job)
@@ -549,3 +549,13 @@ def _summary(env: dict[str, Any]) -> dict[str, Any]:
         }
     summary["fields"] = sorted(k for k in (env.get("spec") or {}) if k != "config")
     return summary
+
+
+def _label(job: ResourceJob) -> str:
+    """The step as users read it (``pip: greeting==1.0``); the step's key keeps the URI."""
+    describe = getattr(job.plugin, "describe", None)
+    try:
+        label = describe(job.uri, job.value, job.spec) if describe is not None else None
+    except Exception:  # a plugin's label must not fail a build
+        label = None
+    return label if isinstance(label, str) and label else f"{job.name} {job.uri[:40]}"

@@ -6,9 +6,10 @@ agent's loop thread and printed by the calling thread, so every line lands in th
 that ran the magic; with the server's agent (REST, no event stream to the kernel) only a
 concise line before and the summary after are printed.
 
-Given a ``BuildStatusWidget`` (``widget.py``), the same events go to the widget instead of
-``out``; with the server's agent the widget is fed by polling ``GET envs/{id}`` and the
-build log every ``POLL_SECONDS`` until the build ends.
+Given a ``BuildView`` (the ``BuildStatusWidget`` of ``widget.py``), the same events go to
+it instead of ``out``; with the server's agent it is fed by polling ``GET envs/{id}`` and
+the build log every ``POLL_SECONDS`` until the build ends. This module knows the view only
+by that protocol: ``widget.py`` depends on this one, not the other way round.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from ..agent.events import Event
 from ..client import AgentClient, EmbeddedClient
@@ -27,13 +28,23 @@ from ..context import EnvContext
 from ..errors import BuildError, RuntimeEnvError
 from ..spec import RuntimeEnvSpec
 
-if TYPE_CHECKING:
-    from .widget import BuildStatusWidget
-
-__all__ = ["BuildSummary", "build_now", "format_event"]
+__all__ = ["BuildSummary", "BuildView", "build_now", "format_event", "step_label"]
 
 #: How often the widget asks the server's agent for the build's state and log.
 POLL_SECONDS = 0.3
+
+
+class BuildView(Protocol):
+    """What shows a build live (``BuildStatusWidget``): fed events or snapshots, refreshed
+    while it runs, finished with the outcome."""
+
+    def handle(self, event: Event) -> None: ...
+
+    def apply_status(self, env: dict[str, Any], log: str) -> None: ...
+
+    def refresh(self, *, force: bool = False) -> None: ...
+
+    def finish(self, state: str, seconds: float, error: dict[str, Any] | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ def build_now(
     client: AgentClient,
     holder: str,
     out: TextIO,
-    widget: BuildStatusWidget | None = None,
+    widget: BuildView | None = None,
 ) -> BuildSummary:
     """Acquire ``spec`` for ``holder`` through ``client``, printing progress to ``out``
     (or showing it in ``widget``, which is finished with the outcome either way).
@@ -122,9 +133,7 @@ def build_now(
     return BuildSummary(spec.env_id, context, seconds, cached)
 
 
-def _poller(
-    client: AgentClient, env_id: str, widget: BuildStatusWidget
-) -> Callable[[], None] | None:
+def _poller(client: AgentClient, env_id: str, widget: BuildView) -> Callable[[], None] | None:
     """A function feeding the widget a snapshot of ``env_id`` from a client that can tell one
     (the server's: ``env_status_sync`` and ``log_sync``); ``None`` for others."""
     status = getattr(client, "env_status_sync", None)
@@ -153,7 +162,7 @@ def format_event(event: Event) -> str | None:
     if event.kind == "log":
         return f"    {data['line']}"
     status = data.get("status")
-    step = data.get("step", "")
+    step = step_label(data)
     if status == "running":
         return f"  > {step}"
     if status == "done":
@@ -162,6 +171,11 @@ def format_event(event: Event) -> str | None:
     if status in ("cached", "failed", "cancelled"):
         return f"  {'x' if status == 'failed' else '+'} {step} ({status})"
     return None
+
+
+def step_label(entry: dict[str, Any]) -> str:
+    """A step as users read it: the plugin's ``label`` (``pip: greeting==1.0``), else its key."""
+    return str(entry.get("label") or entry.get("step", ""))
 
 
 def _duration(data: dict[str, Any]) -> float | None:

@@ -10,6 +10,11 @@ installer printing thousands of lines costs a handful of comm messages.
 The text/plain form (``text()``) is what a text-only frontend shows, e.g. the headless
 quickstart: the header, the steps with their final status, and the installer output's tail,
 written like the text progress of ``--no-widget``.
+
+Rendering: steps by their label (what they install or hold); state marks are plain text
+glyphs every text font has (no emoji); the output box is hidden while empty and, being a
+``column-reverse`` flex box, stays scrolled to its end with CSS alone; colours are the
+theme's CSS variables, so dark themes read too.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import ipywidgets
 
 from ..agent.events import Event
-from .progress import format_event
+from .progress import format_event, step_label
 
 __all__ = ["BuildStatusWidget", "widgets_available"]
 
@@ -31,14 +36,31 @@ TAIL_LINES = 200
 #: The least time between two pushes of the output text to the frontend.
 REFRESH_SECONDS = 0.1
 
-_ICONS = {
-    "running": "&#9203;",  # hourglass
-    "done": "&#10004;",  # check mark
-    "cached": "&#10004;",
-    "failed": "&#10008;",  # cross
-    "cancelled": "&#8856;",  # circled slash
+#: status -> (mark, colour): text glyphs (U+2713, U+2717, U+25CF) found in every text font.
+_MARKS = {
+    "running": ("&#9679;", "var(--jp-warn-color0, #b60)"),
+    "done": ("&#10003;", "var(--jp-success-color0, green)"),
+    "cached": ("&#10003;", "var(--jp-ui-font-color2, gray)"),
+    "failed": ("&#10007;", "var(--jp-error-color0, #c00)"),
+    "cancelled": ("&#8211;", "var(--jp-ui-font-color2, gray)"),
 }
-_COLORS = {"READY": "green", "FAILED": "#c00", "BUILDING": "#b60", "PENDING": "gray"}
+_COLORS = {
+    "READY": "var(--jp-success-color0, green)",
+    "FAILED": "var(--jp-error-color0, #c00)",
+    "BUILDING": "var(--jp-warn-color0, #b60)",
+    "PENDING": "var(--jp-ui-font-color2, gray)",
+}
+#: The output box: at most 12 lines high, scrolled to its end by ``column-reverse``.
+_LOG_STYLE = (
+    "max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse;"
+    "border:1px solid var(--jp-border-color2, #ddd);border-radius:2px;"
+    "background:var(--jp-layout-color2, #f5f5f5);padding:2px 6px;margin-top:4px"
+)
+_PRE_STYLE = (
+    "margin:0;font-family:var(--jp-code-font-family, monospace);font-size:12px;"
+    "line-height:1.35;white-space:pre-wrap;word-break:break-all;"
+    "color:var(--jp-content-font-color1, inherit);background:none"
+)
 
 
 def widgets_available(shell: Any) -> bool:
@@ -72,13 +94,12 @@ class BuildStatusWidget:
         self._started = time.monotonic()
         self._seconds: float | None = None
         self._pushed = 0.0
+        #: The text the output box shows (the ``HTML`` widget holds it escaped).
+        self.log_text = ""
         self.header = ipywidgets.HTML()
         self.table = ipywidgets.HTML()
-        self.output = ipywidgets.Textarea(
-            disabled=True,
-            rows=10,
-            layout=ipywidgets.Layout(width="100%"),
-        )
+        #: The installer output's tail, as HTML (hidden while there is none).
+        self.output = ipywidgets.HTML(layout=ipywidgets.Layout(width="100%", display="none"))
         self.box = ipywidgets.VBox([self.header, self.table, self.output])
         self.refresh(force=True)
 
@@ -138,26 +159,35 @@ class BuildStatusWidget:
         if not force and now - self._pushed < REFRESH_SECONDS:
             return
         self._pushed = now
-        color = _COLORS.get(self.state, "black")
-        self.header.value = (
+        color = _COLORS.get(self.state, "inherit")
+        header = (
             f"<b>runtime env <code>{self.env_id[:12]}</code></b> &mdash; "
             f'<b style="color:{color}">{self.state}</b> ({self.seconds:.1f} s)'
         )
-        self.table.value = self._table_html()
+        if self.header.value != header:
+            self.header.value = header
+        table = self._table_html()
+        if self.table.value != table:
+            self.table.value = table
         text = "\n".join(self.lines)
-        if self.output.value != text:
-            self.output.value = text
+        if self.log_text != text:
+            self.log_text = text
+            pre = f'<pre style="{_PRE_STYLE}">{html.escape(text)}</pre>'
+            self.output.value = f'<div style="{_LOG_STYLE}">{pre}</div>'
+            self.output.layout.display = None if text else "none"
 
     def _table_html(self) -> str:
         rows = []
         for name, entry in self.steps.items():
             status = str(entry.get("status", ""))
+            mark, color = _MARKS.get(status, ("", "inherit"))
             seconds = _duration(entry)
+            label = step_label({**entry, "step": name})
             rows.append(
                 "<tr>"
-                f'<td style="padding:0 6px">{_ICONS.get(status, "")}</td>'
-                f"<td><code>{html.escape(name)}</code></td>"
-                f'<td style="padding:0 6px">{html.escape(status)}</td>'
+                f'<td style="padding:0 6px;color:{color};font-weight:bold">{mark}</td>'
+                f'<td title="{html.escape(name)}"><code>{html.escape(label)}</code></td>'
+                f'<td style="padding:0 6px;color:{color}">{html.escape(status)}</td>'
                 f"<td>{'' if seconds is None else f'{seconds:.1f} s'}</td>"
                 "</tr>"
             )
@@ -166,11 +196,12 @@ class BuildStatusWidget:
             message = html.escape(str(self.error.get("message", "")))
             step = html.escape(str(self.error.get("step", "")))
             error = (
-                '<div style="color:#c00">'
+                '<div style="color:var(--jp-error-color0, #c00)">'
                 + (f"failed step <code>{step}</code>: " if step else "")
                 + f"{message}</div>"
             )
-        return f"<table>{''.join(rows)}</table>{error}" if rows or error else ""
+        table = '<table style="border-collapse:collapse">'
+        return f"{table}{''.join(rows)}</table>{error}" if rows or error else ""
 
     def text(self) -> str:
         """The text/plain form: header, steps, error and output tail, one per line."""

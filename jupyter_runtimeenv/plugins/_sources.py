@@ -180,6 +180,22 @@ def _digest(
     return f"tree:{tree.digest}"
 
 
+def label(location: str, digest: str) -> str:
+    """``data/ (3 files)``: a source as a user names it, with its file count when its tree
+    was hashed in this process (``digest`` is what ``digest()`` returned)."""
+    name = os.path.basename(location.rstrip("/" + os.sep)) or location
+    kind = kind_of(location) if not is_url(location) else "url"
+    if kind == "url":
+        return location if len(location) <= 60 else location[:57] + "..."
+    tree = _trees.get(digest.split(":", 1)[-1]) if digest.startswith("tree:") else None
+    if kind == "dir":
+        name += "/"
+    if tree is None:
+        return name
+    count = len(tree.entries)
+    return f"{name} ({count} file{'' if count == 1 else 's'})"
+
+
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 

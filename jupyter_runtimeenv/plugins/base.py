@@ -117,6 +117,12 @@ class RuntimeEnvPlugin:
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
         return []
 
+    def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
+        """What a user reads for the step that creates ``uri``, e.g. ``pip: greeting==1.0``:
+        what it installs or holds, not its hash. Called on the agent's loop: must not block
+        (no I/O beyond what ``uris`` already cached)."""
+        return f"{self.name}: {uri.split(':', 1)[-1][:16]}"
+
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
         return 0
 

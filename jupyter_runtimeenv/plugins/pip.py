@@ -93,6 +93,12 @@ class PipPlugin(RuntimeEnvPlugin):
             key["parent"] = base.prefix
         return [f"pip:{sha256_of(key)[:32]}"]
 
+    def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
+        packages = ", ".join(str(p) for p in value.get("packages", [])) or "(no packages)"
+        if len(packages) > 70:
+            packages = packages[:67] + "..."
+        return f"{self.name}: {packages}"
+
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
         venv = build.target
         installer = build.spec.config.installer

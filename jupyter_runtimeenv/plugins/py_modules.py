@@ -66,6 +66,13 @@ class PyModulesPlugin(RuntimeEnvPlugin):
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
         return [f"py_modules:{d}" for d in self._digests(value, spec, recall=True)]
 
+    def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
+        digest = uri.split(":", 1)[1]
+        for location, known in zip(value, self._digests(value, spec, recall=True), strict=True):
+            if known == digest:
+                return f"py_modules: {_sources.label(location, digest)}"
+        return super().describe(uri, value, spec)
+
     def _digests(self, value: list[str], spec: RuntimeEnvSpec, *, recall: bool) -> list[str]:
         limit = _sources.max_bytes(self.max_bytes)
         return [

@@ -43,6 +43,9 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
         return [f"working_dir:{self._digest(value, spec, recall=True)}"]
 
+    def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
+        return f"working_dir: {_sources.label(value, uri.split(':', 1)[1])}"
+
     def _digest(self, value: str, spec: RuntimeEnvSpec, *, recall: bool) -> str:
         limit = _sources.max_bytes(self.max_bytes)
         return _sources.digest(

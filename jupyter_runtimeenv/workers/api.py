@@ -275,11 +275,15 @@ def wait(
     futures: Iterable[concurrent.futures.Future[T]],
     num_returns: int = 1,
     timeout: float | None = None,
+    *,
+    progress: bool = False,
 ) -> tuple[list[concurrent.futures.Future[T]], list[concurrent.futures.Future[T]]]:
     """Wait until ``num_returns`` futures are done or ``timeout`` passes, like ``ray.wait``.
 
     Returns ``(ready, not_ready)``, each in the order given; ``ready`` holds at most
     ``num_returns`` futures. An interrupt cancels the futures it was waiting on, as ``get``.
+    ``progress=True`` shows the futures' progress meanwhile (a bar in a kernel, a text line
+    elsewhere: ``jupyter_runtimeenv.progress``).
     """
     futures = list(futures)
     if not 0 <= num_returns <= len(futures):
@@ -287,6 +291,11 @@ def wait(
     if len(set(map(id, futures))) != len(futures):
         raise ValueError("wait() got the same future twice")
     __tracebackhide__ = True
+    if progress:
+        from ..ipython.tasks import TaskProgress
+
+        TaskProgress(futures).wait(num_returns, timeout)
+        return _split(futures, num_returns)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while sum(f.done() for f in futures) < num_returns:
@@ -299,6 +308,12 @@ def wait(
             )
     except KeyboardInterrupt as caught:
         raise interrupted(futures, caught) from None
+    return _split(futures, num_returns)
+
+
+def _split(
+    futures: list[concurrent.futures.Future[T]], num_returns: int
+) -> tuple[list[concurrent.futures.Future[T]], list[concurrent.futures.Future[T]]]:
     ready: list[concurrent.futures.Future[T]] = []
     for future in futures:
         if future.done() and len(ready) < num_returns:
