@@ -60,11 +60,9 @@ class CellInterrupted(KeyboardInterrupt):
 
 def names_read(tree: ast.AST) -> list[str]:
     """Every name the code loads (at any depth), in order of first appearance."""
-    found: dict[str, None] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            found.setdefault(node.id)
-    return list(found)
+    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    loads.sort(key=lambda n: (n.lineno, n.col_offset))
+    return list(dict.fromkeys(n.id for n in loads))
 
 
 def _split_names(value: str | None, flag: str) -> list[str]:
@@ -107,7 +105,7 @@ class RemoteCellMagics(Magics):
             return None
         outputs = _split_names(args.outputs, "--out")
         source = "\n" + cell  # line 1 of the cell is the %%remote line
-        number = int(getattr(self.shell, "execution_count", 0) or 0)
+        number = self._cell_number(cell)
         filename = self._cache(source, number)
         tree = ast.parse(source, filename)  # a SyntaxError shows as a local one
         function = self._function(args)
@@ -132,6 +130,17 @@ class RemoteCellMagics(Magics):
         return self._deliver(result, outputs, files)
 
     # -- before --------------------------------------------------------------------------
+
+    def _cell_number(self, cell: str) -> int:
+        """The ``n`` of ``In[n]`` of the running cell: IPython counts a cell that goes into
+        the history before running it, so the count is one ahead then."""
+        shell: Any = self.shell
+        count = int(getattr(shell, "execution_count", 0) or 0)
+        history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+        if count > 0 and history is not None and len(history) == count:
+            if cell.strip() in str(history[count - 1]):
+                return count - 1
+        return count
 
     def _cache(self, source: str, number: int) -> str:
         """Register the cell's source like IPython does (tracebacks, ``Cell In[n]``)."""

@@ -112,7 +112,7 @@ def test_eager_build_prints_steps_and_a_summary(
     out = capsys.readouterr().out
 
     assert "building runtime env" in out
-    assert "  > pip pip:" in out  # a step starting
+    assert "  > pip: alpha==1.0" in out  # a step starting, named by what it installs
     assert "installing alpha==1.0 with uv" in out  # an installer line, live
     summary = out.strip().splitlines()[-1]
     assert summary.startswith("runtime env ")
@@ -154,10 +154,15 @@ def test_failed_build_leaves_the_default_unchanged(
     result = shell.run_cell("%runtime_env --pip no-such-package-anywhere")
 
     assert not result.success
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert err.startswith("UsageError: runtime_env: build failed (the default was not changed)")
     assert "no-such-package-anywhere" in err
     assert "Traceback" not in err
+    # The installer's lines streamed into the cell; the error says the message once.
+    assert "no-such-package-anywhere" in captured.out
+    assert len(err.strip().splitlines()) == 1
+    assert "(full log: " in err
     assert api.default_runtime_env() == before
 
 

@@ -74,9 +74,16 @@ def test_a_real_build_ends_ready_with_steps_and_installer_lines(
     assert any(name.startswith("pip pip:") for name in names)
     for name in names:
         assert widget.steps[name]["status"] in ("done", "cached")
-        assert name in widget.table.value or name[:40] in widget.table.value
+    # Steps are shown by what they install, not by their URI's hash.
+    assert [s["label"] for s in widget.steps.values()] == ["pip: alpha==1.0"]
+    assert "<code>pip: alpha==1.0</code>" in widget.table.value
+    assert "&#10003;" in widget.table.value  # a text check mark, no emoji
+    for emoji in ("&#9203;", "\u23f3", "&#10004;", "&#10008;"):
+        assert emoji not in widget.table.value + widget.header.value
+    assert "installing alpha==1.0 with uv" in widget.log_text
     assert "installing alpha==1.0 with uv" in widget.output.value
-    assert widget.output.disabled  # read-only
+    assert "flex-direction:column-reverse" in widget.output.value  # pinned to its end
+    assert widget.output.layout.display is None  # shown: it has lines
     assert widget.error is None
 
     text = widget.text()
@@ -117,11 +124,11 @@ def test_a_failed_build_shows_the_failing_step_and_the_error_tail(
     assert widget.error["step"] == info.value.step == "pip"  # the error names the plugin
     [failing] = [name for name, s in widget.steps.items() if s["status"] == "failed"]
     assert failing.startswith("pip pip:")
-    assert "&#10008;" in widget.table.value  # the failed step's cross
-    assert "no-such-package-anywhere" in widget.output.value
-    assert any(line in widget.output.value for line in info.value.output_tail if line.strip())
+    assert "&#10007;" in widget.table.value  # the failed step's cross (a text glyph)
+    assert "no-such-package-anywhere" in widget.log_text
+    assert any(line in widget.log_text for line in info.value.output_tail if line.strip())
     text = widget.text()
-    assert f"  x {failing} (failed)" in text
+    assert "  x pip: no-such-package-anywhere (failed)" in text
     assert "failed step pip: " in text
     assert text.splitlines()[-1].startswith(f"runtime env {spec.env_id[:12]} — FAILED (")
 
@@ -147,7 +154,9 @@ def test_a_snapshot_of_the_agent_gives_the_same_picture(
         n: s["status"] for n, s in live.steps.items()
     }
     assert any(name.startswith("working_dir") for name in snapshot.steps)
-    assert "1 files" in snapshot.output.value  # the working_dir step's line, with its prefix
+    assert "1 files" in snapshot.log_text  # the working_dir step's line, with its prefix
+    # The step is named by the directory and its file count.
+    assert [s["label"] for s in snapshot.steps.values()] == ["working_dir: code/ (1 file)"]
 
 
 class _PollingClient:
@@ -189,7 +198,14 @@ def test_without_events_the_widget_polls_until_the_end(
     assert widget.state == "READY"
     assert any(name.startswith("pip pip:") for name in widget.steps)
     assert all(s["status"] in ("done", "cached") for s in widget.steps.values())
-    assert "installing alpha==1.0 with uv" in widget.output.value
+    assert "installing alpha==1.0 with uv" in widget.log_text
+
+
+def test_the_output_box_is_hidden_while_empty(widgets: list[BuildStatusWidget]) -> None:
+    widget = BuildStatusWidget("0" * 64)
+    widgets.append(widget)
+    assert widget.output.layout.display == "none"
+    assert widget.log_text == ""
 
 
 def test_the_magic_prints_text_in_a_terminal_shell(

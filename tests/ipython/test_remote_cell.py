@@ -1,0 +1,163 @@
+"""``%%remote`` in IPython's real shell, with real workers of a real embedded agent.
+
+Inputs found from the code or named by ``--in``, ``--out``, rich results, errors naming
+what is wrong (one line, the default unchanged), remote tracebacks as ``Cell In[n]``. The
+live output and the interrupt are tested in a real kernel (``test_remote_kernel.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_runtimeenv.ipython.remote_cell import names_read
+
+
+def run(shell: InteractiveShell, source: str) -> Any:
+    return shell.run_cell(source)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    return lines[0]
+
+
+def test_names_read_from_the_code() -> None:
+    tree = ast.parse("y = f(a) + b.c\ndef g():\n    return h\n[k for k in z]")
+    assert names_read(tree) == ["f", "a", "b", "h", "k", "z"]
+
+
+def test_inputs_found_from_the_code_and_outputs_brought_back(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "base = 20\ndef add(x):\n    return x + base\nunused = object()")
+    result = run(
+        shell,
+        "%%remote --out total,where\nimport os\ntotal = add(2)\nwhere = os.getpid()\n",
+    )
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["total"] == 22
+    assert shell.user_ns["where"] != os.getpid()  # it ran in a worker
+
+
+def test_the_last_expression_is_the_cells_value_and_display_shows(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%remote\ndisplay({'shown': 1})\nprint('printed')\n6 * 7")
+    assert result.success
+    assert result.result == 42
+    out = capsys.readouterr().out
+    assert "{'shown': 1}" in out
+    assert "printed\n" in out
+    assert "pid=" not in out  # a cell's lines come without the task prefix
+
+
+def test_an_unpicklable_value_comes_back_as_its_repr(shell: InteractiveShell) -> None:
+    result = run(shell, "%%remote\nimport threading\nthreading.Lock()")
+    assert result.success
+    assert repr(result.result).startswith("<unlocked _thread.lock object")
+
+
+def test_explicit_inputs_only(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    run(shell, "import threading\nlock = threading.Lock()\nsmall = 3")
+    run(shell, "%%remote\nlock")
+    line = one_error_line(capsys)
+    assert line.startswith("UsageError: remote: the variable 'lock' (lock) cannot be pickled")
+    assert "--in" in line
+
+    # --in sends only what it names: the lock is not read by this body anyway.
+    result = run(shell, "%%remote --in small --out doubled\ndoubled = small * 2")
+    assert result.success
+    assert shell.user_ns["doubled"] == 6
+
+    run(shell, "%%remote --in nothing_here\n1")
+    assert "the notebook has no variable 'nothing_here'" in one_error_line(capsys)
+
+
+def test_an_out_name_the_cell_did_not_define(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns.pop("never", None)
+    run(shell, "%%remote --out defined,never\ndefined = 1")
+    assert one_error_line(capsys) == "UsageError: remote: --out: the cell did not define 'never'"
+    assert "never" not in shell.user_ns
+
+
+def test_a_remote_exception_shows_the_cells_own_lines(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_cell("def inverse(x):\n    return 1 / x", store_history=True)
+    number = shell.execution_count
+    result = shell.run_cell("%%remote\nvalue = 0\ninverse(value)", store_history=True)
+    assert isinstance(result.error_in_exec, ZeroDivisionError)  # the original type, too
+    captured = capsys.readouterr()
+    err = captured.err + captured.out
+    assert f"Cell In[{number}], line 3" in err  # the %%remote line is line 1
+    assert "    inverse(value)" in err
+    assert f"Cell In[{number - 1}], line 2, in inverse" in err  # the function's own cell
+    assert "ZeroDivisionError: division by zero" in err
+    assert "_cell_runner" not in err
+    assert "<dynamic-code>" not in err
+
+
+def test_a_syntax_error_is_shown_locally(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%remote\nx = (")
+    assert isinstance(result.error_in_exec, SyntaxError)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--env nowhere", "UsageError: remote: --env: no environment named 'nowhere'"),
+        ("--runtime-env '{bad'", "UsageError: remote: --runtime-env is not JSON:"),
+        (
+            """--runtime-env '{"env_vars": {"A": 1}}'""",
+            "UsageError: remote: invalid --runtime-env: env_vars.A: expected a string",
+        ),
+        ("--out 'not a name'", "UsageError: remote: --out: 'not a name' is not a variable name"),
+        ("--bogus", "UsageError: unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_flags_are_one_line(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    run(shell, f"%%remote {line}\n1")
+    assert one_error_line(capsys).startswith(message)
+
+
+def test_runtime_env_json_and_a_named_env(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "%runtime_env --env-var WHO=default --no-eager-install")
+    run(shell, "%runtime_env --name other --env-var WHO=other --env-var ONLY=here")
+    cell = "%%remote {}\nimport os\nos.environ.get('WHO'), os.environ.get('ONLY')"
+    assert run(shell, cell.format("")).result == ("default", None)
+    assert run(shell, cell.format("--env other")).result == ("other", "here")
+    merged = cell.format("""--env other --runtime-env '{"env_vars": {"WHO": "json"}}'""")
+    assert run(shell, merged).result == ("json", "here")
+
+
+def test_timeout_kills_the_worker(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "%%remote --timeout 0.5\nimport time\ntime.sleep(30)")
+    line = one_error_line(capsys)
+    assert line == (
+        "UsageError: remote: the cell ran longer than --timeout 0.5 s; its worker was killed"
+    )
+
+
+def test_help(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    run(shell, "%%remote --help\n1")
+    out = capsys.readouterr().out
+    assert "%remote [--env NAME]" in out
+    assert "--out x,y" in out

@@ -1,0 +1,138 @@
+"""``%%remote`` and the widgets in a real ipykernel kernel, through jupyter_client: output
+streams while the cell runs, rich results are display messages, an interrupt kills the
+cell's worker and gives the kernel back, and the build widget's model reaches the frontend
+(its comm messages carry the state the widget's traitlets hold)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
+    # No kernel dirs: "python3" is ipykernel's native spec, this very interpreter.
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    km.start_kernel(
+        cwd=str(tmp_path), env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    )
+    client = km.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield km, client
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def execute(
+    client: BlockingKernelClient, code: str, timeout: float = 120
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``code``; the reply's content and every iopub message of it, in order."""
+    messages: list[dict[str, Any]] = []
+    reply = client.execute_interactive(code, output_hook=messages.append, timeout=timeout)
+    return reply["content"], messages
+
+
+def streamed(messages: list[dict[str, Any]]) -> str:
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_output_streams_while_the_cell_runs_and_results_are_rich(
+    kernel: tuple[KernelManager, BlockingKernelClient], tmp_path: Path
+) -> None:
+    _, client = kernel
+    reply, _ = execute(client, "%load_ext jupyter_runtimeenv")
+    assert reply["status"] == "ok"
+    flag = tmp_path / "go"
+    code = "class Card:\n    def _repr_html_(self):\n        return '<b>card</b>'\ncard = Card()\n"
+    assert execute(client, code)[0]["status"] == "ok"
+    client.execute(
+        "%%remote --out answer\n"
+        "import os, time\n"
+        "print('first line', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "display(card)\n"
+        "answer = 42\n"
+        "card"
+    )
+    # The first line arrives while the cell still waits for the flag.
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while "first line" not in streamed(seen):
+        assert time.monotonic() < deadline, seen
+        seen.append(client.get_iopub_msg(timeout=60))
+    assert not any(
+        m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen
+    )
+    flag.touch()
+    while not any(
+        m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen[-1:]
+    ):
+        seen.append(client.get_iopub_msg(timeout=60))
+    assert streamed(seen) == "first line\n"  # no "(task pid=N)" prefix on a cell's lines
+    displays = [m for m in seen if m["msg_type"] == "display_data"]
+    assert displays[0]["content"]["data"]["text/html"] == "<b>card</b>"
+    [result] = [m for m in seen if m["msg_type"] == "execute_result"]
+    assert result["content"]["data"]["text/html"] == "<b>card</b>"
+    reply, messages = execute(client, "print(answer)")
+    assert streamed(messages) == "42\n"
+
+
+def test_an_interrupt_kills_the_cells_worker_and_returns_the_kernel(
+    kernel: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    km, client = kernel
+    assert execute(client, "%load_ext jupyter_runtimeenv")[0]["status"] == "ok"
+    client.execute(
+        "%%remote\nimport os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(600)"
+    )
+    seen: list[dict[str, Any]] = []
+    while not re.search(r"pid (\d+)", streamed(seen)):
+        seen.append(client.get_iopub_msg(timeout=60))
+    pid = int(re.search(r"pid (\d+)", streamed(seen)).group(1))  # type: ignore[union-attr]
+    assert alive(pid)
+
+    km.interrupt_kernel()
+    interrupted = time.monotonic()
+    reply = client.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "CellInterrupted"
+    while alive(pid):
+        assert time.monotonic() - interrupted < 3.0, "the worker outlived the interrupt by 3 s"
+        time.sleep(0.02)
+    while True:  # the error the cell showed: one line, no traceback of the magic
+        msg = client.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "error":
+            assert msg["content"]["traceback"] == [
+                "KeyboardInterrupt: %%remote cell stopped; its worker was killed"
+            ]
+            break
+    # The kernel is back, and the env still runs cells. (ipykernel aborts requests that
+    # arrive just after an error, while it is still "stopping on error": ask again then.)
+    for _ in range(50):
+        reply, messages = execute(client, "%%remote\nprint('again')")
+        if reply["status"] != "aborted":
+            break
+        time.sleep(0.1)
+    assert reply["status"] == "ok"
+    assert streamed(messages) == "again\n"
