@@ -4,6 +4,7 @@ kernel of this interpreter, on a fresh cache, offline (uv may not reach any inde
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     result = run_quickstart(tmp_path / "cache")
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    assert "[1/8] %load_ext jupyter_runtimeenv" in out
+    assert "[1/15] %load_ext jupyter_runtimeenv" in out
     # The eager build: its steps, the offline install, then the summary line.
     assert "building runtime env" in out
     assert "installing greeting==1.0 with uv" in out
@@ -53,8 +54,16 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     # The remote exception, caught as its own type, with the worker's traceback.
     assert "caught RemoteTaskError[FileNotFoundError]" in out
     assert "No such file or directory: 'missing.csv'" in out
+    # A %%remote cell: its print streamed without a task prefix, --out brought back.
+    assert "[8/15] %%remote --out summary\n    computed in worker True\n" in out
+    assert "{'hello': 'hello, fast!', 'double': 8}" in out
+    # A named env, used by a cell and by .options, listed with its id and state.
+    assert "    MODE is slow\n" in out
+    assert '[12/15] cube.options(runtime_env="slow").remote(5).result()\n    125\n' in out
+    assert re.search(r"^    slow +[0-9a-f]{12}  READY$", out, re.MULTILINE)
+    assert "tasks: 20/20 finished (20 done, 0 failed, 0 running, 0 queued)" in out
     summary = out.strip().splitlines()[-1]
-    assert summary.startswith("quickstart: OK, 8 code cells run in ")
+    assert summary.startswith("quickstart: OK, 15 code cells run in ")
     assert "envs built: " in summary
     assert "none" not in summary.split("envs built: ")[1].split(";")[0]
     # The checkout's notebook was not written to.
