@@ -22,9 +22,11 @@ def load_ipython_extension(ipython: Any) -> None:
     from ..workers import api
     from .magics import RuntimeEnvMagics
     from .remote_cell import RemoteCellMagics
+    from .sys_path import DriverSysPathMagics
 
     ipython.register_magics(RuntimeEnvMagics(ipython))
     ipython.register_magics(RemoteCellMagics(ipython))
+    ipython.register_magics(DriverSysPathMagics(ipython))
     ipython.push({name: getattr(api, name) for name in USER_NAMES})
 
 

@@ -137,9 +137,9 @@ class RemoteCellMagics(Magics):
         shell: Any = self.shell
         count = int(getattr(shell, "execution_count", 0) or 0)
         history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
-        if count > 0 and history is not None and len(history) == count:
-            if cell.strip() in str(history[count - 1]):
-                return count - 1
+        stored = count > 0 and history is not None and len(history) == count
+        if stored and cell.strip() in str(history[count - 1]):  # type: ignore[index]
+            return count - 1
         return count
 
     def _cache(self, source: str, number: int) -> str:
