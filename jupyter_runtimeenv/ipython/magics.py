@@ -24,6 +24,7 @@ import contextlib
 import os
 import shlex
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -70,9 +71,17 @@ def parse_argstring(magic: Any, line: str, name: str = "runtime_env") -> Any:
     except ValueError as exc:  # an unclosed quote
         raise UsageError(f"{name}: {exc}") from None
     if "-h" in words or "--help" in words:
-        print(magic.parser.format_help().rstrip())
+        print(_plain_help(magic.parser.format_help()))
         raise SystemExit(0)
     return magic.parser.parse_args(words)
+
+
+def _plain_help(text: str) -> str:
+    """IPython's magic help is reStructuredText (a ``::`` line, double backquotes): plain it."""
+    lines = text.strip("\n").splitlines()
+    if lines and lines[0].strip() == "::":
+        lines = lines[1:]
+    return textwrap.dedent("\n".join(lines)).strip("\n").replace("``", "`")
 
 
 def spec_from_args(args: Any, current: RuntimeEnvSpec | None) -> RuntimeEnvSpec:
@@ -383,12 +392,14 @@ def _named(name: str) -> RuntimeEnvSpec | None:
 
 
 def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
+    """The ``UsageError`` of a failed build: the whole error when nothing showed its output,
+    else one line (the widget or the streamed lines told the message already)."""
     what = f"the env {name!r}" if name else "the default"
-    message = str(exc) if with_tail else f"{exc.step}: {exc.message}" if exc.step else exc.message
-    text = f"runtime_env: build failed ({what} was not changed): {message}"
-    if not with_tail and exc.log_path:
-        text += f" (full log: {exc.log_path})"
-    return text
+    if with_tail:
+        return f"runtime_env: build failed ({what} was not changed): {exc}"
+    where = f" at step {exc.step}" if exc.step else ""
+    log = f"; full log: {exc.log_path}" if exc.log_path else ""
+    return f"runtime_env: build failed{where} ({what} was not changed{log})"
 
 
 def _agent_states() -> dict[str, str]:

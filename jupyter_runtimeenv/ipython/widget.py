@@ -20,6 +20,7 @@ theme's CSS variables, so dark themes read too.
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections import deque
 from typing import Any
@@ -54,10 +55,10 @@ _COLORS = {
 _LOG_STYLE = (
     "max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse;"
     "border:1px solid var(--jp-border-color2, #ddd);border-radius:2px;"
-    "background:var(--jp-layout-color2, #f5f5f5);padding:2px 6px;margin-top:4px"
+    "background:var(--jp-layout-color2, #f5f5f5);padding:2px 6px;margin-top:4px;box-sizing:border-box"
 )
 _PRE_STYLE = (
-    "margin:0;font-family:var(--jp-code-font-family, monospace);font-size:12px;"
+    "margin:0;flex:none;overflow:visible;font-family:var(--jp-code-font-family, monospace);font-size:12px;"
     "line-height:1.35;white-space:pre-wrap;word-break:break-all;"
     "color:var(--jp-content-font-color1, inherit);background:none"
 )
@@ -160,9 +161,11 @@ class BuildStatusWidget:
             return
         self._pushed = now
         color = _COLORS.get(self.state, "inherit")
+        step = html.escape(str((self.error or {}).get("step") or ""))
+        where = f" at step <code>{step}</code>" if step and self.state == "FAILED" else ""
         header = (
             f"<b>runtime env <code>{self.env_id[:12]}</code></b> &mdash; "
-            f'<b style="color:{color}">{self.state}</b> ({self.seconds:.1f} s)'
+            f'<b style="color:{color}">{self.state}</b>{where} ({self.seconds:.1f} s)'
         )
         if self.header.value != header:
             self.header.value = header
@@ -185,23 +188,32 @@ class BuildStatusWidget:
             label = step_label({**entry, "step": name})
             rows.append(
                 "<tr>"
-                f'<td style="padding:0 6px;color:{color};font-weight:bold">{mark}</td>'
-                f'<td title="{html.escape(name)}"><code>{html.escape(label)}</code></td>'
-                f'<td style="padding:0 6px;color:{color}">{html.escape(status)}</td>'
-                f"<td>{'' if seconds is None else f'{seconds:.1f} s'}</td>"
+                f'<td style="{_CELL};color:{color};font-weight:bold">{mark}</td>'
+                f'<td style="{_CELL}" title="{html.escape(name)}">'
+                f"<code>{html.escape(label)}</code></td>"
+                f'<td style="{_CELL};color:{color}">{html.escape(status)}</td>'
+                f'<td style="{_CELL}">{"" if seconds is None else f"{seconds:.1f} s"}</td>'
                 "</tr>"
             )
         error = ""
-        if self.error:
-            message = html.escape(str(self.error.get("message", "")))
-            step = html.escape(str(self.error.get("step", "")))
-            error = (
-                '<div style="color:var(--jp-error-color0, #c00)">'
-                + (f"failed step <code>{step}</code>: " if step else "")
-                + f"{message}</div>"
-            )
+        message = self._unshown_message()
+        if message:
+            error = f'<div style="color:var(--jp-error-color0, #c00)">{html.escape(message)}</div>'
+
         table = '<table style="border-collapse:collapse">'
         return f"{table}{''.join(rows)}</table>{error}" if rows or error else ""
+
+    def _unshown_message(self) -> str:
+        """The failure's message, unless the output tail already says it (an installer's
+        error is its last lines): a failure is told once."""
+        if not self.error:
+            return ""
+        message = str(self.error.get("message", ""))
+        for line in self.lines:
+            said = _STEP_PREFIX.sub("", line).strip()
+            if len(said) > 8 and said in message:
+                return ""
+        return message
 
     def text(self) -> str:
         """The text/plain form: header, steps, error and output tail, one per line."""
@@ -213,10 +225,9 @@ class BuildStatusWidget:
         out.extend(f"    {line}" for line in self.lines)
         if self.error:
             step = self.error.get("step")
+            message = self._unshown_message()
             out.append(
-                f"  failed step {step}: {self.error.get('message', '')}"
-                if step
-                else f"  failed: {self.error.get('message', '')}"
+                f"  failed{f' step {step}' if step else ''}{f': {message}' if message else ''}"
             )
         out.append(f"runtime env {self.env_id[:12]} — {self.state} ({self.seconds:.1f} s)")
         return "\n".join(out)
@@ -234,6 +245,10 @@ class BuildStatusWidget:
         self.box.close()
         for child in (self.header, self.table, self.output):
             child.close()
+
+
+_STEP_PREFIX = re.compile(r"^\[[^\]]*\] ")
+_CELL = "padding:1px 6px;line-height:1.3"
 
 
 def _duration(entry: dict[str, Any]) -> float | None:

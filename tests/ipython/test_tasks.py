@@ -54,7 +54,8 @@ def test_a_terminal_gets_one_line_rewritten_in_place() -> None:
     tracker = TaskProgress(futures, widget=False, out=out)
     tracker.wait(len(futures))
     text = out.getvalue()
-    assert text.count("\n") == 1 and text.endswith("\n")
+    assert text.count("\n") == 1
+    assert text.endswith("\n")
     updates = text.split("\r")[1:]
     assert len(updates) >= 2  # refreshed while waiting, then the final line
     assert updates[-1].startswith("tasks: 3/3 finished (3 done")

@@ -129,7 +129,9 @@ def test_a_failed_build_shows_the_failing_step_and_the_error_tail(
     assert any(line in widget.log_text for line in info.value.output_tail if line.strip())
     text = widget.text()
     assert "  x pip: no-such-package-anywhere (failed)" in text
-    assert "failed step pip: " in text
+    assert "  failed step pip\n" in text  # the tail told the message: not again
+    assert "FAILED</b> at step <code>pip</code>" in widget.header.value
+    assert "No solution found" not in widget.table.value  # said once, in the output box
     assert text.splitlines()[-1].startswith(f"runtime env {spec.env_id[:12]} — FAILED (")
 
 
