@@ -55,10 +55,14 @@ _COLORS = {
 _LOG_STYLE = (
     "max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse;"
     "border:1px solid var(--jp-border-color2, #ddd);border-radius:2px;"
-    "background:var(--jp-layout-color2, #f5f5f5);padding:2px 6px;margin-top:4px;box-sizing:border-box"
+    "background:var(--jp-layout-color2, #f5f5f5);padding:2px 6px;margin-top:4px;"
+    "box-sizing:border-box"
 )
 _PRE_STYLE = (
-    "margin:0;flex:none;overflow:visible;font-family:var(--jp-code-font-family, monospace);font-size:12px;"
+    # flex:none: JupyterLab gives pre overflow:auto, which would let it shrink into a
+    # scroller of its own, scrolled to its top.
+    "margin:0;flex:none;overflow:visible;"
+    "font-family:var(--jp-code-font-family, monospace);font-size:12px;"
     "line-height:1.35;white-space:pre-wrap;word-break:break-all;"
     "color:var(--jp-content-font-color1, inherit);background:none"
 )

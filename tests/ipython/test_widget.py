@@ -83,6 +83,7 @@ def test_a_real_build_ends_ready_with_steps_and_installer_lines(
     assert "installing alpha==1.0 with uv" in widget.log_text
     assert "installing alpha==1.0 with uv" in widget.output.value
     assert "flex-direction:column-reverse" in widget.output.value  # pinned to its end
+    assert "flex:none" in widget.output.value  # ... in JupyterLab too (its pre scrolls)
     assert widget.output.layout.display is None  # shown: it has lines
     assert widget.error is None
 
