@@ -46,6 +46,10 @@ def installer_env(cache_root: Path) -> dict[str, str]:
     env["PIP_CACHE_DIR"] = str(shared / "pip")
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")  # live output from pip and build backends
+    # uv shows a build backend's output only when the build fails; its build frontend's debug
+    # log carries each line as the backend writes it ("DEBUG <line>"), and nothing else of
+    # uv's debug output is turned on. An sdist that builds for minutes then shows its progress.
+    env.setdefault("RUST_LOG", "uv_build_frontend=debug")
     # A VIRTUAL_ENV of the agent's own process must not redirect installs.
     env.pop("VIRTUAL_ENV", None)
     env.pop("CONDA_PREFIX", None)

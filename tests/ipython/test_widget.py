@@ -243,3 +243,55 @@ def test_the_magic_uses_the_widget_when_available_unless_no_widget(
         assert " — READY (" not in out
     finally:
         magics.widget = None
+
+
+SLOW_BACKEND = '''
+import os, sys, zipfile
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(directory, config_settings=None, metadata_directory=None):
+    for i in range(3):
+        print(f"compiling part {i}", flush=True)
+    print("backend warning on stderr", file=sys.stderr, flush=True)
+    name = "slowpkg-1.0-py3-none-any.whl"
+    meta = "slowpkg-1.0.dist-info/"
+    with zipfile.ZipFile(os.path.join(directory, name), "w") as wheel:
+        wheel.writestr("slowpkg/__init__.py", "X = 1\\n")
+        wheel.writestr(meta + "METADATA", "Metadata-Version: 2.1\\nName: slowpkg\\nVersion: 1.0\\n")
+        wheel.writestr(
+            meta + "WHEEL",
+            "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+        )
+        wheel.writestr(meta + "RECORD", "")
+    return name
+'''
+
+
+def test_a_build_backends_output_reaches_the_widget_as_it_builds(
+    agent: EmbeddedClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    widgets: list[BuildStatusWidget],
+) -> None:
+    """uv shows a backend's output only on failure; the agent asks for it as it comes."""
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    source = tmp_path / "slowpkg"
+    source.mkdir()
+    (source / "slow_backend.py").write_text(SLOW_BACKEND)
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "slow_backend"\nbackend-path = ["."]\n'
+        '[project]\nname = "slowpkg"\nversion = "1.0"\n'
+    )
+    spec = parse({"pip": [f"slowpkg @ {source.as_uri()}"]})
+    widget = BuildStatusWidget(spec.env_id)
+    widgets.append(widget)
+
+    build_now(spec, agent, "test-widget", _NoOutput(), widget)  # type: ignore[arg-type]
+
+    lines = list(widget.lines)
+    [built] = [i for i, line in enumerate(lines) if "Built slowpkg" in line]
+    for said in ("compiling part 0", "compiling part 2", "backend warning on stderr"):
+        [index] = [i for i, line in enumerate(lines) if said in line]
+        assert index < built  # streamed while building, not dumped at the end
