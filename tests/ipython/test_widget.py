@@ -245,7 +245,7 @@ def test_the_magic_uses_the_widget_when_available_unless_no_widget(
         magics.widget = None
 
 
-SLOW_BACKEND = '''
+SLOW_BACKEND = """
 import os, sys, zipfile
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -266,7 +266,7 @@ def build_wheel(directory, config_settings=None, metadata_directory=None):
         )
         wheel.writestr(meta + "RECORD", "")
     return name
-'''
+"""
 
 
 def test_a_build_backends_output_reaches_the_widget_as_it_builds(
