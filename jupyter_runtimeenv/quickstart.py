@@ -56,20 +56,41 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def text_outputs(cell: Any) -> list[str]:
-    """The text a code cell produced: streams, plain-text results and error lines."""
+    """The text a code cell produced: streams, plain-text results and error lines.
+
+    Consecutive outputs of one stream are joined first: a kernel flushes a stream on a
+    timer, so one printed line may arrive as two outputs.
+    """
     lines: list[str] = []
+    stream: tuple[str, str] | None = None  # (name, text) of the stream being joined
     for output in cell.get("outputs", []):
         kind = output.get("output_type")
         if kind == "stream":
-            text = str(output.get("text", ""))
-        elif kind in ("execute_result", "display_data"):
+            name, text = str(output.get("name", "")), str(output.get("text", ""))
+            if stream is not None and stream[0] == name:
+                stream = (name, stream[1] + text)
+                continue
+            if stream is not None:
+                lines.extend(_lines(stream[1]))
+            stream = (name, text)
+            continue
+        if kind in ("execute_result", "display_data"):
             text = str(output.get("data", {}).get("text/plain", ""))
         elif kind == "error":
             text = f"{output.get('ename')}: {output.get('evalue')}"
         else:
             continue
-        lines.extend(_ANSI.sub("", text).rstrip("\n").splitlines())
+        if stream is not None:
+            lines.extend(_lines(stream[1]))
+            stream = None
+        lines.extend(_lines(text))
+    if stream is not None:
+        lines.extend(_lines(stream[1]))
     return lines
+
+
+def _lines(text: str) -> list[str]:
+    return _ANSI.sub("", text).rstrip("\n").splitlines()
 
 
 def _first_line(cell: Any) -> str:

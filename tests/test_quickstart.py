@@ -95,3 +95,18 @@ def test_a_missing_notebook_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "source checkout" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_line_split_across_stream_outputs_is_one_line() -> None:
+    from jupyter_runtimeenv.quickstart import text_outputs
+
+    cell = {
+        "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": "caught"},
+            {"output_type": "stream", "name": "stdout", "text": " it\nnext\n"},
+            {"output_type": "stream", "name": "stderr", "text": "warned\n"},
+            {"output_type": "execute_result", "data": {"text/plain": "42"}},
+            {"output_type": "error", "ename": "E", "evalue": "v"},
+        ]
+    }
+    assert text_outputs(cell) == ["caught it", "next", "warned", "42", "E: v"]
