@@ -30,14 +30,15 @@ import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from ..errors import RemoteTaskError, RuntimeEnvError, SpecError
+from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError
 from ..spec import parse
 from ..workers import api, envs
+from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_runner
 from .magics import argument, magic_arguments, parse_argstring
 
-__all__ = ["CellInterrupted", "RemoteCellMagics", "names_read"]
+__all__ = ["RemoteCellMagics", "names_read"]
 
 # The runner goes by value: the env's interpreter need not have jupyter_runtimeenv.
 cloudpickle.register_pickle_by_value(_cell_runner)
@@ -46,16 +47,6 @@ cloudpickle.register_pickle_by_value(_cell_runner)
 TASK_NAME = _cell_runner.run_cell.__name__
 #: IPython's own history names, never sent implicitly.
 _HISTORY_NAME = re.compile(r"^(_+|_i+|_i?\d+|_(ih|oh|dh))$")
-
-
-class CellInterrupted(KeyboardInterrupt):
-    """The cell was interrupted; its task was cancelled and its worker killed.
-
-    A ``KeyboardInterrupt`` so that "run all" stops here, shown as one line.
-    """
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"KeyboardInterrupt: {self}"]
 
 
 def names_read(tree: ast.AST) -> list[str]:
@@ -114,9 +105,13 @@ class RemoteCellMagics(Magics):
             future = function.remote(source, filename, inputs, outputs)
         try:
             result: dict[str, Any] = future.result(args.timeout)
-        except KeyboardInterrupt:
-            future.cancel()
-            raise CellInterrupted("%%remote cell stopped; its worker was killed") from None
+        except KeyboardInterrupt as caught:
+            # The task is cancelled (its worker killed); a KeyboardInterrupt, so that "run
+            # all" stops here, shown as one line.
+            cancelled = interrupted([future], caught).cancelled
+            raise RemoteInterrupt(
+                "%%remote cell stopped; its worker was killed", cancelled
+            ) from None
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise UsageError(

@@ -9,7 +9,7 @@ wait itself is ``concurrent.futures.wait``, as in the plain ``wait``, so the ker
 loop is blocked no more than by ``wait`` (the cell runs on it either way).
 
 An interrupt (``KeyboardInterrupt``) cancels the futures not yet done, which kills the
-workers running them, and is raised again.
+workers running them, and raises ``RemoteInterrupt`` (``workers.interrupt``), as ``wait``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from ..workers.interrupt import interrupted
 
 __all__ = ["Counts", "TaskProgress", "progress"]
 
@@ -179,10 +181,9 @@ class TaskProgress:
                     pending, step, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 self.update()
-        except KeyboardInterrupt:
-            for future in self.futures:
-                future.cancel()  # a running task's worker is killed
-            raise
+        except KeyboardInterrupt as caught:
+            # Cancelled like ``wait`` does: a running task's worker is killed.
+            raise interrupted(self.futures, caught) from None
         finally:
             self.close()
 

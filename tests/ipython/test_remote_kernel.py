@@ -116,7 +116,7 @@ def test_an_interrupt_kills_the_cells_worker_and_returns_the_kernel(
     interrupted = time.monotonic()
     reply = client.get_shell_msg(timeout=30)
     assert reply["content"]["status"] == "error"
-    assert reply["content"]["ename"] == "CellInterrupted"
+    assert reply["content"]["ename"] == "RemoteInterrupt"
     while alive(pid):
         assert time.monotonic() - interrupted < 3.0, "the worker outlived the interrupt by 3 s"
         time.sleep(0.02)

@@ -103,8 +103,9 @@ def test_an_interrupt_cancels_the_tasks_and_kills_their_workers() -> None:
     assert main is not None
     timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         jre.progress(futures, widget=False)
+    assert info.value.args == ("cancelled 2 remote tasks of nap",)
     assert all(f.cancelled() for f in futures)
     gone_by = time.monotonic() + 3.0
     while any(alive(p) for p in pids):
