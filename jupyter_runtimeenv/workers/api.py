@@ -104,7 +104,7 @@ def prestart(runtime_env: EnvLike | None = None) -> None:
     eager build made the environment READY."""
     spec = _session.runtime_env if runtime_env is None else _as_spec(runtime_env)
     if spec is not None:
-        _session.get_executor().prestart(merge(spec, None))
+        _session.get_executor().prestart(_merged(spec, None))
 
 
 def shutdown() -> None:
@@ -172,7 +172,7 @@ class RemoteFunction(Generic[P, R]):
         if isinstance(runtime_env, str):
             name = runtime_env
         elif runtime_env is not None:
-            env = merge(self._runtime_env, _as_spec(runtime_env))
+            env = _merged(self._runtime_env, _as_spec(runtime_env))
         again = self._retries if retries is None else retries
         return RemoteFunction(self._function, env, again, env_name=name)
 
@@ -181,7 +181,7 @@ class RemoteFunction(Generic[P, R]):
         if memo is not None and memo[0] == generation:
             return memo[1]
         base = _session.runtime_env if self._env_name is None else envs.lookup(self._env_name)
-        spec = merge(base, self._runtime_env)
+        spec = _merged(base, self._runtime_env)
         self._memo = (generation, spec)
         return spec
 
@@ -320,6 +320,17 @@ def _split(
             ready.append(future)
     not_ready = [f for f in futures if not any(f is r for r in ready)]
     return ready, not_ready
+
+
+def _merged(base: RuntimeEnvSpec | None, override: RuntimeEnvSpec | None) -> RuntimeEnvSpec:
+    """``merge(base, override)``, but a side alone is returned as it is: parsing it again
+    would hash a ``working_dir`` or ``py_modules`` tree again (a walk of every file) for
+    the same spec. Each ``.options(runtime_env=...)`` call saved two such walks."""
+    if override is None and base is not None:
+        return base
+    if base is None and override is not None:
+        return override
+    return merge(base, override)
 
 
 def _as_spec(value: EnvLike) -> RuntimeEnvSpec:
