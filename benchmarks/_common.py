@@ -90,7 +90,9 @@ def pip_workloads(
     env (``pinned`` with ``tag``), runs the import task and returns the seconds taken."""
     out: dict[str, Result] = {}
     for label, packages, runs in (("W1", SMALL, reps["pip"]), ("W1n", NUMPY, reps["numpy"])):
-        w1(packages, warm, 900)  # fills pip's cache for the warm runs
+        # No run to warm pip's cache first: from a local wheelhouse it keeps nothing to
+        # reuse (no downloads, no built wheels); "warm" runs differ by not passing
+        # --no-cache-dir. Each run of a peer costs 5-60 s: the budget has no room for it.
         for state, cache, base in (("cold", cold, 100), ("warm", warm, 200)):
             progress(f"{who} {label} {state}")
             out[f"{label} {state}"] = stats(

@@ -64,6 +64,7 @@ def main(config: dict[str, Any]) -> None:
     progress(f"ray {ray.__version__}: started in {time.perf_counter() - start:.1f} s")
     agent = [p for p in descendants() if b"runtime_env" in _cmdline(p)]
     out["M1 agent idle"] = stats([rss_mb(agent)], "MB") if agent else na("agent not found")
+    out["S1"] = na("no server in a notebook's path to measure")
 
     task = ray.remote(import_all)
     nop = ray.remote(noop)
@@ -153,7 +154,6 @@ def main(config: dict[str, Any]) -> None:
         return time.perf_counter() - start, None
 
     out["W8"] = error_runs(reps["w8"], w8)
-    out["S1"] = na("no server in a notebook's path to measure")
     ray.shutdown()
 
 

@@ -308,8 +308,8 @@ def main() -> None:
         peers: dict[str, Any] = {}
         if args.peers:
             peer_reps = {k: min(v, PEER_CAPS.get(k, v)) for k, v in reps.items()}
-            for peer, share in zip(PEERS, (0.6, 1.0), strict=True):
-                # What is left of the budget: Ray gets 60 % of it, Dask the rest.
+            for peer, share in zip(PEERS, (0.65, 1.0), strict=True):
+                # What is left of the budget: Ray gets 65 % of it, Dask the rest.
                 left = BUDGET - (time.time() - started) - 30
                 config = {"wheelhouse": str(wh), "tree": str(trees[peer]), "reps": peer_reps}
                 peers[peer] = run_peer(peer, config, tmp, timeout=max(60.0, left * share))
