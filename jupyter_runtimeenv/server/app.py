@@ -38,6 +38,8 @@ from ..errors import CacheUnavailable
 from ..spec import SpecPolicy
 from .events import SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
+from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
+from .panel import panel_handlers
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 KERNEL_HOLDER_PREFIX = "kernel:"
@@ -143,7 +145,11 @@ class RuntimeEnvExtension(ExtensionApp):
         logger = self.server.event_logger
         assert logger is not None  # ServerApp.initialize made it before loading extensions
         logger.register_event_schema(SCHEMA_PATH)
+        logger.register_event_schema(WORKERS_SCHEMA_PATH)
         self.forwarder = EventForwarder(logger)
+        self.kernel_reports = KernelReports(
+            lambda data: logger.emit(schema_id=WORKERS_SCHEMA_ID, data=data), self._kernel_pid
+        )
         self._unlisten = [
             self.agent.add_listener(self.forwarder),
             self.agent.add_listener(self._track_state),
@@ -157,6 +163,7 @@ class RuntimeEnvExtension(ExtensionApp):
     def initialize_handlers(self) -> None:
         """Called by ``ExtensionApp`` to collect the handlers (it prefixes ``base_url``)."""
         self.handlers.extend(default_handlers)
+        self.handlers.extend(panel_handlers)
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Called by the extension manager once the server's loop runs (not under
@@ -314,6 +321,7 @@ class RuntimeEnvExtension(ExtensionApp):
 
     async def _on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         if data.get("action") == "shutdown" and data.get("kernel_id"):
+            self.kernel_reports.drop(str(data["kernel_id"]))
             await self.release_kernel(str(data["kernel_id"]))
 
     def _running_kernels(self) -> set[str]:
@@ -322,11 +330,26 @@ class RuntimeEnvExtension(ExtensionApp):
         running.update(getattr(manager, "_pending_kernels", {}))
         return running
 
+    def running_kernels(self) -> set[str]:
+        """The ids of the kernels this server runs. Called by the sidebar's handlers."""
+        return self._running_kernels()
+
+    def _kernel_pid(self, kernel_id: str) -> int | None:
+        """The process id of a running kernel (None if unknown): a worker to stop must be
+        its child."""
+        try:
+            kernel = self.server.kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            return None
+        pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
+        return pid if isinstance(pid, int) else None
+
     async def _sweep_kernels(self) -> None:
         """Release references of kernels that vanished (died, culled) since the last look."""
         while True:
             await asyncio.sleep(self.kernel_sweep_interval)
             running = self._running_kernels()
+            self.kernel_reports.prune(running)
             for kernel_id in self._known_kernels - running:
                 try:
                     await self.release_kernel(kernel_id)

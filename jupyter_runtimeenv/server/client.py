@@ -131,6 +131,12 @@ class ServerClient:
         ]
         return removed
 
+    def report_sync(self, report: Mapping[str, Any]) -> None:
+        """Send this kernel's report (its pools, its declared env) to the server, which shows
+        it in the sidebar. Called by ``workers.report``'s thread."""
+        if self.kernel_id:
+            self._request("POST", f"kernels/{_quote(self.kernel_id)}", body=dict(report))
+
     # -- async (the same requests, in a thread) -------------------------------------------
 
     async def acquire(

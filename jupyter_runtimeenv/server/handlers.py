@@ -332,7 +332,8 @@ class GcHandler(RuntimeEnvHandler):
         if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
             self.fail(400, "ValueError", "max_bytes: expected a non-negative integer")
             return
-        await self.reply({"evicted": await agent.gc(max_bytes)})
+        evicted = await agent.gc(max_bytes)
+        await self.reply({"evicted": evicted, "freed_bytes": sum(e["size"] or 0 for e in evicted)})
 
 
 class StatusHandler(RuntimeEnvHandler):

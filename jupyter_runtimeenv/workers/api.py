@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from ..spec import RuntimeEnvSpec, merge, parse
-from . import envs
+from . import envs, report
 from .executor import Executor, LocalExecutor
 from .future import RemoteFuture
 from .interrupt import interrupted
@@ -86,6 +86,7 @@ def init(runtime_env: EnvLike | None = None, executor: Executor | Any | None = N
         _session.generation += 1
     if old is not None:
         old.shutdown()
+    report.notify()  # the sidebar shows (and can save) the kernel's declared env
 
 
 def default_runtime_env() -> RuntimeEnvSpec | None:

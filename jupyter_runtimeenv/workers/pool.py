@@ -41,6 +41,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from enum import Enum
 
 from ..context import EnvContext
@@ -89,6 +90,7 @@ class Pool:
         self._janitor: threading.Thread | None = None
         self._closing = False
         self._prestart = False
+        self._counts: dict[int, list[int]] = {}  # worker pid -> [tasks done, tasks failed]
         _live_pools.add(self)
         _register_atexit()
         threading.Thread(
@@ -106,6 +108,28 @@ class Pool:
     def pids(self) -> list[int]:
         with self._lock:
             return sorted(w.pid for w in self._workers if w.pid)
+
+    def stats(self) -> dict[str, object]:
+        """What the pool looks like now (for the kernel's report to the server): its env,
+        state and each started worker's pid, busy flag and tasks done/failed."""
+        with self._lock:
+            workers = [
+                {
+                    "pid": w.pid,
+                    "busy": w.task is not None,
+                    "tasks_done": self._counts.get(w.pid, [0, 0])[0],
+                    "tasks_failed": self._counts.get(w.pid, [0, 0])[1],
+                }
+                for w in sorted(self._workers, key=lambda w: w.pid)
+                if w.pid
+            ]
+        return {
+            "env_id": self.ctx.env_id if self.ctx is not None else "",
+            "name": self.name,
+            "state": self.state.value,
+            "max_workers": self.max_workers,
+            "workers": workers,
+        }
 
     # -- called by the executor -----------------------------------------------------------
 
@@ -170,6 +194,7 @@ class Pool:
         for worker in workers:
             worker.join(timeout)
         self._release_env()
+        _notify()
 
     # -- WorkerListener: called by the workers' reader threads ------------------------------
 
@@ -220,6 +245,7 @@ class Pool:
             self._start(spawn)
         if close:
             self._close_soon()
+        _notify()
 
     # -- internals (``_lock`` held unless said otherwise) ---------------------------------
 
@@ -227,6 +253,16 @@ class Pool:
         worker.task = task
         task.deliveries += 1
         task.future.mark_started()
+        pid = worker.pid
+        task.future.add_done_callback(lambda future: self._count(pid, future))
+        _notify()
+
+    def _count(self, pid: int, future: Future[object]) -> None:
+        """A task of worker ``pid`` ended (called by whoever settled it). Lock not held."""
+        failed = future.cancelled() or future.exception() is not None
+        with self._lock:
+            self._counts.setdefault(pid, [0, 0])[1 if failed else 0] += 1
+        _notify()
 
     def _redeliver(self, task: Task) -> bool:
         """Queue again, first, a task whose worker died before reading it (it never ran)."""
@@ -303,6 +339,7 @@ class Pool:
             worker.start()
         except WorkerError as exc:
             self.worker_died(worker, exc)
+        _notify()
 
     def _start_soon(self, worker: WorkerProcess) -> None:
         """Launch a reserved spare from a short thread: the caller (``.remote()``, a reader
@@ -405,6 +442,24 @@ def _as_broken(error: WorkerError) -> WorkerError:
 
 
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_observers: list[Callable[[], None]] = []
+
+
+def live_pools() -> list[Pool]:
+    """Every pool of this process that is not closed yet."""
+    return [pool for pool in list(_live_pools) if pool.state is not PoolState.CLOSED]
+
+
+def observe(callback: Callable[[], None]) -> None:
+    """Call ``callback`` whenever a pool's workers or tasks change. It runs on the pools'
+    threads, sometimes under a pool's lock: it must only set a flag. Used by the reporter."""
+    if callback not in _observers:
+        _observers.append(callback)
+
+
+def _notify() -> None:
+    for callback in list(_observers):
+        callback()
 
 
 def close_all_pools() -> None:

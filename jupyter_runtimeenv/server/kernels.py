@@ -1,0 +1,173 @@
+"""What kernels report to the server: their worker pools and their declared environment.
+
+Kernels that use the server's agent POST a report whenever their pools change (and every few
+seconds while they have workers, for memory): ``KernelReports`` keeps the last report of each
+running kernel, publishes a ``workers`` event on every change, and drops a kernel's report when
+the kernel shuts down or dies (the same moments its env references are released). The sidebar
+reads them to show workers under their env, and to save a kernel's declared env into its
+notebook.
+
+A worker may be stopped from the sidebar: the server cannot call into the kernel, so it kills
+the worker's process itself (same user). Only a pid that a running kernel reported, and whose
+parent process is that kernel (checked in ``/proc`` where there is one), may be killed; the
+kernel's pool sees the worker die and fails or replaces its task as for any dead worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import RuntimeEnvError
+
+WORKERS_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/workers/v1"
+WORKERS_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "workers" / "v1.yaml"
+
+MAX_POOLS = 64
+MAX_WORKERS_PER_POOL = 1024
+_WORKER_KEYS = {"pid": int, "busy": bool, "tasks_done": int, "tasks_failed": int}
+
+
+class ReportError(RuntimeEnvError, ValueError):
+    """A kernel's report is malformed: names the field."""
+
+
+def validate_report(data: Any) -> dict[str, Any]:
+    """The report with only the fields we know, checked; ``ReportError`` naming the field."""
+    if not isinstance(data, dict):
+        raise ReportError("report: expected a JSON object")
+    pools = data.get("pools", [])
+    if not isinstance(pools, list) or len(pools) > MAX_POOLS:
+        raise ReportError(f"pools: expected a list of at most {MAX_POOLS} pools")
+    clean_pools = [_pool(pool, f"pools[{i}]") for i, pool in enumerate(pools)]
+    runtime_env = data.get("runtime_env")
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        raise ReportError("runtime_env: expected a JSON object or null")
+    cwd = data.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ReportError("cwd: expected a string")
+    return {"pools": clean_pools, "runtime_env": runtime_env, "cwd": cwd}
+
+
+def _pool(pool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(pool, dict):
+        raise ReportError(f"{where}: expected a JSON object")
+    env_id = pool.get("env_id")
+    if not isinstance(env_id, str) or not env_id:
+        raise ReportError(f"{where}.env_id: expected a non-empty string")
+    workers = pool.get("workers", [])
+    if not isinstance(workers, list) or len(workers) > MAX_WORKERS_PER_POOL:
+        raise ReportError(f"{where}.workers: expected a list of at most {MAX_WORKERS_PER_POOL}")
+    clean = []
+    for j, worker in enumerate(workers):
+        if not isinstance(worker, dict):
+            raise ReportError(f"{where}.workers[{j}]: expected a JSON object")
+        item: dict[str, Any] = {}
+        for key, kind in _WORKER_KEYS.items():
+            value = worker.get(key, kind())
+            # bool is an int: a pid or a count must be a real int, busy a real bool.
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ReportError(f"{where}.workers[{j}].{key}: expected {kind.__name__}")
+            item[key] = value
+        if item["pid"] <= 1:
+            raise ReportError(f"{where}.workers[{j}].pid: expected a process id")
+        rss = worker.get("rss")
+        if rss is not None and (not isinstance(rss, int) or isinstance(rss, bool) or rss < 0):
+            raise ReportError(f"{where}.workers[{j}].rss: expected a byte count or null")
+        item["rss"] = rss
+        clean.append(item)
+    return {
+        "env_id": env_id,
+        "name": str(pool.get("name", ""))[:200],
+        "state": str(pool.get("state", ""))[:40],
+        "max_workers": pool.get("max_workers")
+        if isinstance(pool.get("max_workers"), int)
+        else None,
+        "workers": clean,
+    }
+
+
+class KernelReports:
+    """The last report of each kernel; publishes a workers event on every change.
+
+    Created by ``RuntimeEnvExtension`` with ``emit`` (the event logger's, bound to the schema)
+    and ``kernel_pid`` (the process id of a running kernel, or None when it is not running).
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[dict[str, Any]], object],
+        kernel_pid: Callable[[str], int | None],
+    ) -> None:
+        self._emit = emit
+        self._kernel_pid = kernel_pid
+        self._reports: dict[str, dict[str, Any]] = {}
+
+    def put(self, kernel_id: str, report: dict[str, Any]) -> None:
+        """Record a kernel's (validated) report; an event when it differs from the last."""
+        old = self._reports.get(kernel_id)
+        entry = {"kernel_id": kernel_id, **report}
+        self._reports[kernel_id] = {**entry, "updated": time.time()}
+        if old is None or {k: v for k, v in old.items() if k != "updated"} != entry:
+            self._emit({"kind": "report", **entry})
+
+    def get(self, kernel_id: str) -> dict[str, Any] | None:
+        return self._reports.get(kernel_id)
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self._reports.values())
+
+    def drop(self, kernel_id: str) -> bool:
+        """Forget a kernel (it stopped): an event saying its workers are gone."""
+        if self._reports.pop(kernel_id, None) is None:
+            return False
+        self._emit({"kind": "gone", "kernel_id": kernel_id, "pools": []})
+        return True
+
+    def prune(self, running: set[str]) -> None:
+        for kernel_id in [k for k in self._reports if k not in running]:
+            self.drop(kernel_id)
+
+    def stop_worker(self, kernel_id: str, pid: int) -> None:
+        """Kill worker ``pid`` of kernel ``kernel_id``: it must be in the kernel's last report
+        and, where ``/proc`` tells, a child of the kernel's process. ``LookupError`` if not."""
+        report = self._reports.get(kernel_id)
+        reported = report is not None and any(
+            w["pid"] == pid for pool in report["pools"] for w in pool["workers"]
+        )
+        if not reported:
+            raise LookupError(f"kernel {kernel_id} reported no worker with pid {pid}")
+        kernel_pid = self._kernel_pid(kernel_id)
+        parent = parent_pid(pid)
+        if parent is None:
+            raise LookupError(f"no process {pid}: the worker has already stopped")
+        if kernel_pid is not None and parent != kernel_pid and parent != -1:
+            raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            raise LookupError(f"no process {pid}: the worker has already stopped") from None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc`` (None: no such process; -1: cannot tell here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if not Path("/proc/self/stat").exists():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:
+                return -1
+            return -1
+        return None
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    return int(stat.rsplit(")", 1)[1].split()[1])

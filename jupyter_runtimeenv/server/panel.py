@@ -1,0 +1,300 @@
+"""REST endpoints of the JupyterLab sidebar, next to the core API in ``handlers.py``.
+
+| path | methods |
+|---|---|
+| ``overview`` | GET every env with size, last use and named holders, and every kernel's workers |
+| ``envs/{env_id}/rebuild`` | POST: retry a failed env, or remove an unheld one and build it again |
+| ``kernels`` | GET every kernel's last report |
+| ``kernels/{kernel_id}`` | POST a kernel's report (its pools, its declared env); GET it |
+| ``kernels/{kernel_id}/notebook_env`` | GET the kernel's declared env as notebook metadata |
+| ``kernels/{kernel_id}/workers/{pid}`` | DELETE: stop one reported worker |
+| ``notebook_env`` | POST a notebook's ``metadata.runtime_env``: the state of its env |
+
+Holders are named as a user knows them: ``kernel:<id>...`` becomes the notebook path of the
+kernel's session (or ``kernel <id8>``), ``cli`` becomes ``CLI``, the magic's and pools' holders
+say so. Everything that touches the cache or parses a spec runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import re
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from ..notebook_meta import DRIVER_FIELDS, METADATA_VERSION, relative_spec
+from ..spec.paths import base_dir
+from .handlers import API_PREFIX, DEFAULT_HOLDER, RuntimeEnvHandler, _handles_done
+from .kernels import ReportError, validate_report
+
+_KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
+_ENV_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+_KERNEL_HOLDER = re.compile(r"^kernel:(?P<id>[^/]+)(?:/(?P<rest>.*))?$")
+_STATE_OF_NOTEBOOK_ENV = {"READY": "cached", "BUILDING": "building", "PENDING": "building"}
+
+
+def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
+    """``{"id", "label", "kind"}`` of a holder; ``paths`` maps kernel ids to notebook paths."""
+    found = _KERNEL_HOLDER.match(holder)
+    if found:
+        kernel_id, rest = found.group("id"), found.group("rest") or ""
+        label = paths.get(kernel_id) or f"kernel {kernel_id[:8]}"
+        if rest.startswith("pool:"):
+            label += " (workers)"
+        elif rest.startswith("runtime_env-magic:"):
+            label += " (%runtime_env)"
+        elif rest.startswith("name:"):
+            label += f" ({rest[5:]})"
+        return {"id": holder, "label": label, "kind": "kernel", "kernel_id": kernel_id}
+    if holder == "cli":
+        return {"id": holder, "label": "CLI", "kind": "cli"}
+    if holder == DEFAULT_HOLDER:
+        return {"id": holder, "label": "REST (user)", "kind": "user"}
+    if holder.startswith("name:"):
+        return {"id": holder, "label": f"env {holder[5:]}", "kind": "named"}
+    if holder.startswith("pool:"):
+        return {"id": holder, "label": "workers (script)", "kind": "pool"}
+    return {"id": holder, "label": holder, "kind": "other"}
+
+
+class PanelHandler(RuntimeEnvHandler):
+    """Shared helpers of the sidebar's handlers."""
+
+    async def kernel_paths(self) -> dict[str, str]:
+        """Kernel id -> notebook path of its session (the server's session manager)."""
+        manager = self.settings.get("session_manager")
+        if manager is None:
+            return {}
+        try:
+            sessions = await manager.list_sessions()
+        except Exception:  # a broken session store must not break the panel
+            self.log.warning("jupyter_runtimeenv: cannot list sessions", exc_info=True)
+            return {}
+        return {
+            s["kernel"]["id"]: s.get("path") or s.get("name") or ""
+            for s in sessions
+            if s.get("kernel")
+        }
+
+    def kernel_id_checked(self, kernel_id: str) -> str:
+        if kernel_id not in self.extension.running_kernels():
+            raise web.HTTPError(404, f"no running kernel {kernel_id}")
+        return kernel_id
+
+    def root_dir(self) -> str:
+        root = str(self.settings.get("server_root_dir") or ".")
+        return os.path.abspath(os.path.expanduser(root))
+
+    def notebook_dir(self, path: str, report: dict[str, Any]) -> str:
+        if path:
+            rel = posixpath.dirname(path.lstrip("/"))
+            full = os.path.normpath(os.path.join(self.root_dir(), rel))
+            if full == self.root_dir() or full.startswith(self.root_dir() + os.sep):
+                return full
+            raise web.HTTPError(400, "path: outside the server's root directory")
+        return str(report.get("cwd") or self.root_dir())
+
+
+class OverviewHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def get(self) -> None:
+        """Every env (with size, last use, named holders) and every kernel's report."""
+        agent = await self.agent()
+        envs = await agent.status()
+        sizes = await asyncio.to_thread(_env_sizes, agent.cache)
+        paths = await self.kernel_paths()
+        reports = self.extension.kernel_reports
+        reports.prune(self.extension.running_kernels())
+        out = []
+        for env in envs:
+            size, last_used = sizes.get(env["env_id"], (None, None))
+            out.append(
+                {
+                    "env_id": env["env_id"],
+                    "state": env["state"],
+                    "spec": env.get("spec") or {},
+                    "error": env.get("error"),
+                    "steps": env.get("steps") or {},
+                    "created": env.get("created"),
+                    "last_used": env.get("last_used") or last_used or env.get("updated"),
+                    "size": size,
+                    "holders": [name_holder(h, paths) for h in env.get("holders", [])],
+                }
+            )
+        kernels = [{**r, "path": paths.get(r["kernel_id"], "")} for r in reports.all()]
+        self.finish({"envs": out, "kernels": kernels})
+
+
+def _env_sizes(cache: Any) -> dict[str, tuple[int, float | None]]:
+    """env id -> (bytes of its resources, last use of any of them). Blocking: a thread."""
+    resources = {r["uri"]: r for r in cache.resources()}
+    out: dict[str, tuple[int, float | None]] = {}
+    for env in cache.envs():
+        rows = [resources[u] for u in cache.env_uris(env["env_id"]) if u in resources]
+        last = max((r["last_used"] for r in rows), default=None)
+        out[env["env_id"]] = (sum(r["size"] or 0 for r in rows), env.get("last_used") or last)
+    return out
+
+
+class RebuildHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def post(self, env_id: str) -> None:
+        """Build an env again from its spec: a FAILED one is retried; a READY one is removed
+        (409 while others hold it, unless ``force=true``) and built anew."""
+        if not _ENV_ID_RE.match(env_id):
+            raise web.HTTPError(400, "env_id: expected 64 hexadecimal digits")
+        agent = await self.agent()
+        env = await self.run(agent.env_status(env_id))
+        if env["state"] in ("PENDING", "BUILDING"):
+            self.fail(409, "EnvBusy", f"environment {env_id} is building already")
+            return
+        spec = await self.run(asyncio.to_thread(agent.parse, env["spec"]))
+        holder = self.holder()
+        if env["state"] == "READY":
+            await agent.release(env_id, holder)
+            await self.run(agent.remove(env_id, force=self.flag("force")))
+        status = await agent.ensure(spec, holder, retry=True)
+        self.set_status(202)
+        self.finish(status)
+
+
+class KernelsHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def get(self) -> None:
+        """Every running kernel's last report, with its notebook path."""
+        reports = self.extension.kernel_reports
+        reports.prune(self.extension.running_kernels())
+        paths = await self.kernel_paths()
+        self.finish(
+            {"kernels": [{**r, "path": paths.get(r["kernel_id"], "")} for r in reports.all()]}
+        )
+
+
+class KernelReportHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def get(self, kernel_id: str) -> None:
+        report = self.extension.kernel_reports.get(kernel_id)
+        if report is None:
+            raise web.HTTPError(404, f"kernel {kernel_id} has not reported")
+        self.finish(report)
+
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def post(self, kernel_id: str) -> None:
+        """A kernel's report: its pools and workers, its declared env, its cwd."""
+        self.kernel_id_checked(kernel_id)
+        try:
+            report = validate_report(self.json_body())
+        except ReportError as exc:
+            self.fail(400, "ReportError", str(exc))
+            return
+        self.extension.kernel_reports.put(kernel_id, report)
+        self.set_status(204)
+        self.finish()
+
+
+class WorkerHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def delete(self, kernel_id: str, pid: str) -> None:
+        """Stop one worker a running kernel reported (its pool sees it die)."""
+        self.kernel_id_checked(kernel_id)
+        try:
+            await asyncio.to_thread(self.extension.kernel_reports.stop_worker, kernel_id, int(pid))
+        except LookupError as exc:
+            self.fail(404, "WorkerNotFound", str(exc))
+            return
+        self.finish({"kernel_id": kernel_id, "pid": int(pid), "stopped": True})
+
+
+class KernelNotebookEnvHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def get(self, kernel_id: str) -> None:
+        """The kernel's declared env as ``metadata.runtime_env`` of notebook ``?path=``."""
+        report = self.extension.kernel_reports.get(kernel_id)
+        if report is None or not report.get("runtime_env"):
+            self.fail(
+                404,
+                "NoRuntimeEnv",
+                "this notebook's kernel declared no environment (use %runtime_env first)",
+            )
+            return
+        notebook_dir = self.notebook_dir(self.get_query_argument("path", ""), report)
+        spec = relative_spec(report["runtime_env"], notebook_dir, self.root_dir())
+        agent = await self.agent()
+        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
+        self.finish({"version": METADATA_VERSION, "spec": spec, "env_id": parsed.env_id})
+
+
+def _parse_in(agent: Any, spec: dict[str, Any], directory: str) -> Any:
+    with base_dir(directory):
+        return agent.parse(spec)
+
+
+def _core(spec: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a notebook's env across machines: no driver fields, no build config."""
+    return {k: v for k, v in spec.items() if k not in (*DRIVER_FIELDS, "config")}
+
+
+class NotebookEnvHandler(PanelHandler):
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def post(self) -> None:
+        """The state of a notebook's env: body ``{"path": notebook path, "runtime_env":
+        metadata}``; answers ``{"state": cached|building|failed|missing, "env_id"}``. An env
+        matches when its spec, without the driver's own fields, is the metadata's spec
+        resolved against the notebook's directory."""
+        data = self.json_body()
+        if not isinstance(data, dict) or not isinstance(data.get("runtime_env"), dict):
+            self.fail(400, "SpecError", "runtime_env: expected the notebook's metadata object")
+            return
+        meta = data["runtime_env"]
+        spec = meta.get("spec")
+        if not isinstance(spec, dict):
+            self.fail(400, "SpecError", "runtime_env.spec: expected a JSON object", field="spec")
+            return
+        path = data.get("path")
+        if not isinstance(path, str):
+            self.fail(400, "SpecError", "path: expected the notebook's path")
+            return
+        notebook_dir = self.notebook_dir(path, {})
+        agent = await self.agent()
+        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
+        want = _core(parsed.to_json())
+        found: dict[str, Any] | None = None
+        for env in await agent.status():
+            if _core(env.get("spec") or {}) == want and (found is None or env["state"] == "READY"):
+                found = env
+        if found is None:
+            self.finish({"state": "missing", "env_id": parsed.env_id})
+            return
+        state = _STATE_OF_NOTEBOOK_ENV.get(found["state"], "failed")
+        self.finish({"state": state, "env_id": found["env_id"], "error": found.get("error")})
+
+
+panel_handlers = [
+    (rf"{API_PREFIX}/overview/?", OverviewHandler),
+    (rf"{API_PREFIX}/envs/(?P<env_id>[^/]+)/rebuild/?", RebuildHandler),
+    (rf"{API_PREFIX}/kernels/?", KernelsHandler),
+    (rf"{API_PREFIX}/kernels/{_KERNEL_ID}/?", KernelReportHandler),
+    (rf"{API_PREFIX}/kernels/{_KERNEL_ID}/notebook_env/?", KernelNotebookEnvHandler),
+    (rf"{API_PREFIX}/kernels/{_KERNEL_ID}/workers/(?P<pid>[0-9]{{1,10}})/?", WorkerHandler),
+    (rf"{API_PREFIX}/notebook_env/?", NotebookEnvHandler),
+]

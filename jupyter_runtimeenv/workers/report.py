@@ -1,0 +1,134 @@
+"""The kernel's report to the Jupyter server: its worker pools and its declared environment.
+
+In a kernel that uses the server's agent (``JUPYTER_RUNTIMEENV_URL`` is set and the kernel id
+is known), a daemon thread POSTs ``kernels/{kernel id}`` whenever a pool changes (a worker
+starts or dies, a task starts or ends, the default env changes; changes within
+``debounce`` seconds are sent as one), and every ``interval`` seconds while there are
+workers (their memory changes). The server drops the report when the kernel stops. Nothing
+is sent when nothing changed; a failed POST is retried at the next change or interval, and
+never reaches the notebook (the sidebar is an observer).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from .pool import live_pools, observe
+
+log = logging.getLogger(__name__)
+
+_reporter: Reporter | None = None
+_disabled = False  # not a kernel of a server with the extension: never report
+_lock = threading.Lock()
+
+
+def rss_of(pid: int) -> int | None:
+    """Resident memory of ``pid`` in bytes: psutil if installed, else ``/proc``; None if
+    neither can tell."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            return int(psutil.Process(pid).memory_info().rss)
+        except Exception:  # gone, or not ours to read
+            return None
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as file:
+            return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def snapshot() -> dict[str, Any]:
+    """The report as it would be sent now."""
+    from .api import default_runtime_env
+
+    pools = []
+    for pool in live_pools():
+        stats = pool.stats()
+        if not stats["env_id"]:
+            continue  # still waiting for its env: nothing to show yet
+        workers: Any = stats["workers"]
+        for worker in workers:
+            worker["rss"] = rss_of(worker["pid"])
+        pools.append(stats)
+    spec = default_runtime_env()
+    return {
+        "pools": pools,
+        "runtime_env": spec.to_json() if spec is not None else None,
+        "cwd": os.getcwd(),
+    }
+
+
+class Reporter:
+    """The reporting thread. ``post(report)`` sends one report (raises on failure)."""
+
+    def __init__(self, post: Any, *, interval: float = 5.0, debounce: float = 0.2) -> None:
+        self._post = post
+        self.interval = interval
+        self.debounce = debounce
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._last: Any = None
+        self._thread = threading.Thread(target=self._run, name="runtimeenv-report", daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woken = self._wake.wait(self.interval)
+            if self._stop.is_set():
+                return
+            if woken:
+                self._stop.wait(self.debounce)  # gather a burst of changes into one report
+            self._wake.clear()
+            report = snapshot()
+            if report == self._last:
+                continue
+            if not woken and not report["pools"] and self._last is not None:
+                continue  # periodic: only memory changes, and there are no workers
+            try:
+                self._post(report)
+            except Exception as exc:
+                log.debug("runtime env report not sent: %s", exc)
+                continue
+            self._last = report
+
+
+def notify() -> None:
+    """Something a report shows changed. Starts the reporter on first use in a kernel that
+    uses the server's agent; elsewhere a no-op. Cheap: called from pools' threads."""
+    reporter = _reporter
+    if reporter is not None:
+        reporter.notify()
+    elif not _disabled:
+        _start()
+
+
+def _start() -> None:
+    global _reporter, _disabled
+    from ..client import URL_ENV_VAR, get_client
+    from ..server.client import ServerClient
+
+    with _lock:
+        if _reporter is not None or _disabled:
+            return
+        client = get_client() if os.environ.get(URL_ENV_VAR) else None
+        if not isinstance(client, ServerClient) or not client.kernel_id:
+            _disabled = True
+            return
+        reporter = _reporter = Reporter(client.report_sync)
+        observe(reporter.notify)
+    reporter.notify()
