@@ -1,0 +1,111 @@
+/**
+ * jupyter-runtimeenv's JupyterLab extension: wiring only. The sidebar (``panel.ts``) renders
+ * the model (``model.ts``), fed by the REST API and the event stream (``api.ts``); notebooks
+ * get a toolbar badge for the env they carry (``notebook.ts``).
+ */
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette, showErrorMessage } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { DocumentRegistry } from '@jupyterlab/docregistry';
+
+import iconSvg from '../style/icon.svg';
+import { ServerTransport } from './api';
+import { RuntimeEnvModel } from './model';
+import { NotebookEnvBadge, saveEnvToNotebook } from './notebook';
+import { RuntimeEnvPanel } from './panel';
+
+const PLUGIN_ID = 'jupyter-runtimeenv:plugin';
+
+namespace CommandIDs {
+  export const open = 'runtimeenv:open-panel';
+  export const refresh = 'runtimeenv:refresh';
+  export const save = 'runtimeenv:save-to-notebook';
+}
+
+export const runtimeEnvIcon = new LabIcon({
+  name: 'jupyter-runtimeenv:icon',
+  svgstr: iconSvg
+});
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description: 'Runtime environments: a sidebar and notebooks that carry their env.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  activate: async (
+    app: JupyterFrontEnd,
+    notebooks: INotebookTracker,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    settingRegistry: ISettingRegistry | null
+  ) => {
+    const transport = new ServerTransport(app.serviceManager.serverSettings);
+    const model = new RuntimeEnvModel({ transport });
+    let confirmDelete = true;
+
+    const panel = new RuntimeEnvPanel({ model, confirmDelete: () => confirmDelete });
+    panel.title.icon = runtimeEnvIcon;
+    app.shell.add(panel, 'left', { rank: 600 });
+    restorer?.add(panel, 'jupyter-runtimeenv-panel');
+
+    if (settingRegistry) {
+      try {
+        const settings = await settingRegistry.load(PLUGIN_ID);
+        const apply = () => {
+          model.pollInterval = settings.get('pollInterval').composite as number;
+          confirmDelete = settings.get('confirmDelete').composite as boolean;
+        };
+        apply();
+        settings.changed.connect(apply);
+      } catch (reason) {
+        console.warn('jupyter-runtimeenv: settings not loaded', reason);
+      }
+    }
+    void model.start();
+
+    app.commands.addCommand(CommandIDs.open, {
+      label: 'Show Runtime Environments',
+      icon: runtimeEnvIcon,
+      execute: () => app.shell.activateById(panel.id)
+    });
+    app.commands.addCommand(CommandIDs.refresh, {
+      label: 'Refresh Runtime Environments',
+      execute: () => model.refresh()
+    });
+    app.commands.addCommand(CommandIDs.save, {
+      label: 'Save Environment to Notebook',
+      isEnabled: () => !!notebooks.currentWidget,
+      execute: async () => {
+        const current = notebooks.currentWidget;
+        if (!current) {
+          return;
+        }
+        try {
+          await saveEnvToNotebook(transport, current);
+        } catch (reason) {
+          await showErrorMessage('Save environment to notebook', reason as Error);
+        }
+      }
+    });
+    for (const command of [CommandIDs.open, CommandIDs.refresh, CommandIDs.save]) {
+      palette?.addItem({ command, category: 'Runtime Environments' });
+    }
+
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: (nb: NotebookPanel, _context: DocumentRegistry.IContext<any>) => {
+        const badge = new NotebookEnvBadge(nb, transport, model);
+        nb.toolbar.insertItem(10, 'runtimeEnv', badge);
+        return badge;
+      }
+    });
+  }
+};
+
+export default plugin;

@@ -1,0 +1,143 @@
+/**
+ * Notebooks that carry their environment: ``metadata.runtime_env`` (see the README).
+ *
+ * ``saveEnvToNotebook`` asks the server for the env the notebook's kernel declared (the
+ * kernel reports it), with paths relative to the notebook, and writes it into the metadata.
+ * ``NotebookEnvBadge`` sits in the toolbar of a notebook with such metadata: it shows the
+ * state of that env on this server (cached, building, failed, missing) and a button that
+ * declares it in the kernel, by running ``notebook_meta.declare`` there (the same as
+ * ``%runtime_env --file``: built at once, the kernel's next tasks use it).
+ */
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { Widget } from '@lumino/widgets';
+
+import {
+  INotebookEnvStatus,
+  ITransport,
+  RuntimeEnvModel,
+  isNotebookEnv
+} from './model';
+
+export const METADATA_KEY = 'runtime_env';
+
+export async function saveEnvToNotebook(
+  transport: ITransport,
+  panel: NotebookPanel
+): Promise<Record<string, unknown>> {
+  const kernel = panel.sessionContext.session?.kernel;
+  if (!kernel) {
+    throw new Error('this notebook has no running kernel');
+  }
+  const path = encodeURIComponent(panel.context.path);
+  const meta = await transport.request<Record<string, unknown>>(
+    'GET',
+    `kernels/${kernel.id}/notebook_env?path=${path}`
+  );
+  const value = { ...meta, saved: new Date().toISOString() };
+  panel.model!.setMetadata(METADATA_KEY, value);
+  await panel.context.save();
+  return value;
+}
+
+/** Python run in the kernel by the badge's button. */
+export function declareCode(spec: Record<string, unknown>): string {
+  const literal = JSON.stringify(JSON.stringify(spec));
+  return (
+    'import json as _jre_json\n' +
+    'from jupyter_runtimeenv.notebook_meta import declare as _jre_declare\n' +
+    `_jre_declare(_jre_json.loads(${literal}))\n` +
+    'del _jre_json, _jre_declare'
+  );
+}
+
+export class NotebookEnvBadge extends Widget {
+  constructor(
+    readonly panel: NotebookPanel,
+    readonly transport: ITransport,
+    model: RuntimeEnvModel
+  ) {
+    super();
+    this.addClass('jp-RuntimeEnv-badge');
+    this._label = document.createElement('span');
+    this._label.className = 'jp-RuntimeEnv-badgeLabel';
+    this._button = document.createElement('button');
+    this._button.className = 'jp-RuntimeEnv-button';
+    this._button.type = 'button';
+    this._button.textContent = 'Declare';
+    this._button.title = "Declare this notebook's environment in its kernel";
+    this._button.addEventListener('click', () => void this.declare());
+    this.node.append(this._label, this._button);
+    this._disconnect = model.changed.connect(() => this._scheduleUpdate());
+    panel.context.ready.then(() => {
+      panel.model?.metadataChanged.connect(() => this._scheduleUpdate());
+      this._scheduleUpdate();
+    });
+    this.hide();
+  }
+
+  dispose(): void {
+    this._disconnect();
+    super.dispose();
+  }
+
+  get metadata(): unknown {
+    return this.panel.model?.getMetadata(METADATA_KEY);
+  }
+
+  async update_(): Promise<void> {
+    const meta = this.metadata;
+    if (!isNotebookEnv(meta)) {
+      this.hide();
+      return;
+    }
+    let status: INotebookEnvStatus;
+    try {
+      status = await this.transport.request<INotebookEnvStatus>(
+        'POST',
+        'notebook_env',
+        { path: this.panel.context.path, runtime_env: meta }
+      );
+    } catch (reason) {
+      status = { state: 'unknown' };
+      this.node.title = String((reason as Error).message ?? reason);
+    }
+    this.node.dataset.state = status.state;
+    this._label.className = `jp-RuntimeEnv-badgeLabel jp-mod-${status.state}`;
+    this._label.textContent = `env: ${status.state}`;
+    if (status.state !== 'unknown') {
+      this.node.title = `This notebook carries its environment (${status.env_id?.slice(0, 12) ?? ''}): ${status.state}`;
+    }
+    this.show();
+  }
+
+  async declare(): Promise<void> {
+    const meta = this.metadata;
+    const kernel = this.panel.sessionContext.session?.kernel;
+    if (!isNotebookEnv(meta) || !kernel) {
+      return;
+    }
+    this._label.textContent = 'env: declaring…';
+    const future = kernel.requestExecute({
+      code: declareCode(meta.spec),
+      silent: false,
+      store_history: false
+    });
+    await future.done;
+    this._scheduleUpdate();
+  }
+
+  private _scheduleUpdate(): void {
+    if (this._timer !== null) {
+      return;
+    }
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      void this.update_();
+    }, 200);
+  }
+
+  private _label: HTMLElement;
+  private _button: HTMLButtonElement;
+  private _disconnect: () => void;
+  private _timer: ReturnType<typeof setTimeout> | null = null;
+}
