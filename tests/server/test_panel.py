@@ -1,0 +1,243 @@
+"""The sidebar's endpoints (``server/panel.py``) against a real Jupyter server, real kernels
+and real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_runtimeenv.server.kernels import WORKERS_SCHEMA_ID
+from tests.kernels.test_kernels import run, start_kernel
+from tests.server.jupyter_fixtures import API
+from tests.server.plugins import script
+
+
+@pytest.fixture
+def extension_config() -> dict[str, Any]:
+    return {"kernel_sweep_interval": 0.2}
+
+
+async def call(jp_fetch: Any, method: str, *path: str, body: Any = None, **kw: Any) -> Any:
+    if body is not None and not isinstance(body, (str, bytes)):
+        body = json.dumps(body)
+    if method == "POST" and body is None:
+        body = b""
+    response = await jp_fetch(*API, *path, method=method, body=body, **kw)
+    return json.loads(response.body) if response.body else None
+
+
+async def refused(jp_fetch: Any, method: str, *path: str, **kw: Any) -> tuple[int, dict[str, Any]]:
+    with pytest.raises(HTTPClientError) as info:
+        await call(jp_fetch, method, *path, **kw)
+    assert info.value.response is not None
+    body = info.value.response.body
+    return info.value.code, (json.loads(body) if body else {})
+
+
+async def test_overview_gives_sizes_ages_and_holders_named_as_users_know_them(
+    jp_fetch: Any,
+) -> None:
+    env = await call(jp_fetch, "POST", "envs", body=script("sized"), params={"wait": "true"})
+    await call(jp_fetch, "POST", "envs", body=script("sized"), params={"holder": "cli"})
+    await call(jp_fetch, "POST", "envs", body=script("sized"), params={"holder": "kernel:abc/x"})
+    overview = await call(jp_fetch, "GET", "overview")
+    (mine,) = [e for e in overview["envs"] if e["env_id"] == env["env_id"]]
+    assert mine["state"] == "READY"
+    assert mine["size"] == 2  # what the script plugin's create() returned
+    assert mine["last_used"] >= mine["created"] > 0
+    labels = {h["id"]: h["label"] for h in mine["holders"]}
+    assert labels == {"cli": "CLI", "user": "REST (user)", "kernel:abc/x": "kernel abc"}
+    assert mine["spec"]["plugins"]
+    assert overview["kernels"] == []
+
+
+async def test_gc_answers_the_bytes_it_freed(jp_fetch: Any) -> None:
+    env = await call(jp_fetch, "POST", "envs", body=script("gc"), params={"wait": "true"})
+    await call(jp_fetch, "DELETE", "envs", env["env_id"], "holders", "user")
+    answer = await call(jp_fetch, "POST", "gc", body={"max_bytes": 0})
+    assert answer["freed_bytes"] == sum(e["size"] for e in answer["evicted"]) == 2
+
+
+async def test_rebuild_retries_a_failed_env_and_rebuilds_a_ready_one(jp_fetch: Any) -> None:
+    failed = await call(
+        jp_fetch, "POST", "envs", body=script("flaky", fail=True), params={"wait": "true"}
+    )
+    assert failed["state"] == "FAILED"
+    again = await call(jp_fetch, "POST", "envs", failed["env_id"], "rebuild")
+    assert again["state"] in ("PENDING", "BUILDING", "FAILED")
+
+    ready = await call(jp_fetch, "POST", "envs", body=script("again"), params={"wait": "true"})
+    await call(jp_fetch, "POST", "envs", body=script("again"), params={"holder": "cli"})
+    code, body = await refused(jp_fetch, "POST", "envs", ready["env_id"], "rebuild")
+    assert (code, body["type"]) == (409, "EnvInUse")
+    rebuilt = await call(
+        jp_fetch, "POST", "envs", ready["env_id"], "rebuild", params={"force": "true"}
+    )
+    assert rebuilt["env_id"] == ready["env_id"]
+    for _ in range(100):
+        env = await call(jp_fetch, "GET", "envs", ready["env_id"])
+        if env["state"] == "READY":
+            break
+        await asyncio.sleep(0.05)
+    assert env["state"] == "READY"
+    assert env["holders"] == ["user"]  # the others' references went with the removal
+
+    code, body = await refused(jp_fetch, "POST", "envs", "0" * 64, "rebuild")
+    assert code == 404
+    code, _ = await refused(jp_fetch, "POST", "envs", "not-an-id", "rebuild")
+    assert code == 400
+
+
+async def test_reports_of_unknown_kernels_and_bad_reports_are_refused(
+    jp_fetch: Any, jp_serverapp: Any
+) -> None:
+    code, _ = await refused(jp_fetch, "POST", "kernels", "nokernel", body={"pools": []})
+    assert code == 404
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    bad = {"pools": [{"env_id": "e", "workers": [{"pid": "12"}]}]}
+    code, body = await refused(jp_fetch, "POST", "kernels", kernel_id, body=bad)
+    assert (code, body["type"]) == (400, "ReportError")
+    assert body["message"] == "pools[0].workers[0].pid: expected int"
+    code, body = await refused(jp_fetch, "POST", "kernels", kernel_id, body=[1])
+    assert code == 400
+    # A pid the kernel never reported cannot be stopped (here: the server's own process).
+    code, body = await refused(
+        jp_fetch, "DELETE", "kernels", kernel_id, "workers", str(os.getpid())
+    )
+    assert (code, body["type"]) == (404, "WorkerNotFound")
+
+
+WORK = """
+%load_ext jupyter_runtimeenv
+import os, time
+@remote
+def pid():
+    return os.getpid()
+first = pid.remote().result(timeout=120)
+print(first)
+"""
+
+
+async def next_report(queue: asyncio.Queue[dict[str, Any]], predicate: Any) -> dict[str, Any]:
+    async def wait() -> dict[str, Any]:
+        while True:
+            event = await queue.get()
+            if predicate(event):
+                return event
+
+    return await asyncio.wait_for(wait(), 60)
+
+
+async def test_a_kernels_workers_are_reported_stopped_and_dropped_with_the_kernel(
+    jp_fetch: Any, jp_serverapp: Any
+) -> None:
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def listener(logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        events.put_nowait(data)
+
+    jp_serverapp.event_logger.add_listener(schema_id=WORKERS_SCHEMA_ID, listener=listener)
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    pid = int((await run(jp_serverapp, kernel_id, WORK)).split()[-1])
+
+    def has_worker(event: dict[str, Any]) -> bool:
+        workers = [w for p in event.get("pools", []) for w in p["workers"]]
+        return any(w["pid"] == pid and w["tasks_done"] == 1 for w in workers)
+
+    event = await next_report(events, has_worker)
+    assert event["kernel_id"] == kernel_id and event["kind"] == "report"
+    (pool,) = event["pools"]
+    (worker,) = pool["workers"]
+    assert worker["busy"] is False and worker["tasks_failed"] == 0
+    assert worker["rss"] is None or worker["rss"] > 1_000_000
+    overview = await call(jp_fetch, "GET", "overview")
+    (kernel,) = overview["kernels"]
+    assert kernel["pools"][0]["env_id"] == pool["env_id"]
+    assert pool["env_id"] in {e["env_id"] for e in overview["envs"]}
+
+    stopped = await call(jp_fetch, "DELETE", "kernels", kernel_id, "workers", str(pid))
+    assert stopped == {"kernel_id": kernel_id, "pid": pid, "stopped": True}
+    await next_report(events, lambda e: not has_worker(e))
+    assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    gone = await next_report(events, lambda e: e["kind"] == "gone")
+    assert gone["kernel_id"] == kernel_id
+    assert (await call(jp_fetch, "GET", "kernels"))["kernels"] == []
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+DECLARE = """
+%load_ext jupyter_runtimeenv
+import os
+os.makedirs({root!r} + "/nbdir/data", exist_ok=True)
+os.chdir({root!r} + "/nbdir")
+%runtime_env --env-var MODE=fast --working-dir data --no-widget
+print("declared")
+"""
+
+
+async def test_the_kernels_declared_env_becomes_notebook_metadata_and_its_state_is_known(
+    jp_fetch: Any, jp_serverapp: Any, jp_root_dir: Path
+) -> None:
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    code, body = await refused(jp_fetch, "GET", "kernels", kernel_id, "notebook_env")
+    assert code == 404
+    assert "declared no environment" in body["message"]
+    assert "declared" in await run(jp_serverapp, kernel_id, DECLARE.format(root=str(jp_root_dir)))
+    for _ in range(100):
+        report = (await call(jp_fetch, "GET", "kernels"))["kernels"]
+        if report and report[0]["runtime_env"]:
+            break
+        await asyncio.sleep(0.1)
+    meta = await call(
+        jp_fetch,
+        "GET",
+        "kernels",
+        kernel_id,
+        "notebook_env",
+        params={"path": "nbdir/analysis.ipynb"},
+    )
+    assert meta["version"] == 1
+    assert meta["spec"] == {"env_vars": {"MODE": "fast"}, "working_dir": "data"}
+
+    # The kernel built it (with its own driver_python and sys.path): the notebook's is cached.
+    notebook = {"path": "nbdir/analysis.ipynb", "runtime_env": meta}
+    status = await call(jp_fetch, "POST", "notebook_env", body=notebook)
+    assert status["state"] == "cached"
+    other = {**meta, "spec": {**meta["spec"], "env_vars": {"MODE": "slow"}}}
+    status = await call(jp_fetch, "POST", "notebook_env", body={**notebook, "runtime_env": other})
+    assert status["state"] == "missing"
+    # Built from that spec through REST: cached too.
+    spec = {"env_vars": {"MODE": "slow"}, "working_dir": str(jp_root_dir / "nbdir" / "data")}
+    await call(jp_fetch, "POST", "envs", body=spec, params={"wait": "true"})
+    status = await call(jp_fetch, "POST", "notebook_env", body={**notebook, "runtime_env": other})
+    assert status["state"] == "cached"
+
+    code, body = await refused(
+        jp_fetch, "POST", "notebook_env", body={"path": "x.ipynb", "runtime_env": {"spec": 3}}
+    )
+    assert (code, body["message"]) == (400, "runtime_env.spec: expected a JSON object")
+    code, body = await refused(
+        jp_fetch,
+        "POST",
+        "notebook_env",
+        body={"path": "x.ipynb", "runtime_env": {"spec": {"env_vars": 5}}},
+    )
+    assert (code, body["type"]) == (400, "SpecError")
+    code, _ = await refused(
+        jp_fetch, "POST", "notebook_env", body={"path": "../../x.ipynb", "runtime_env": meta}
+    )
+    assert code == 400
