@@ -151,10 +151,12 @@ async def test_a_kernels_workers_are_reported_stopped_and_dropped_with_the_kerne
         return any(w["pid"] == pid and w["tasks_done"] == 1 for w in workers)
 
     event = await next_report(events, has_worker)
-    assert event["kernel_id"] == kernel_id and event["kind"] == "report"
+    assert event["kernel_id"] == kernel_id
+    assert event["kind"] == "report"
     (pool,) = event["pools"]
     (worker,) = pool["workers"]
-    assert worker["busy"] is False and worker["tasks_failed"] == 0
+    assert worker["busy"] is False
+    assert worker["tasks_failed"] == 0
     assert worker["rss"] is None or worker["rss"] > 1_000_000
     overview = await call(jp_fetch, "GET", "overview")
     (kernel,) = overview["kernels"]
