@@ -25,7 +25,7 @@ export interface IBuildError {
   env_id?: string;
   step?: string;
   message?: string;
-  output_tail?: string;
+  output_tail?: string | string[];
   log_path?: string;
   [key: string]: unknown;
 }
@@ -432,6 +432,11 @@ function briefValue(key: string, value: unknown): string {
       return packages.map(p => requirementName(String(p))).join(', ');
     }
     return basename(String(packages));
+  }
+  if (key === 'plugins' && value && typeof value === 'object') {
+    return Object.keys(value)
+      .map(path => path.split('.').pop())
+      .join(', ');
   }
   if (key === 'env_vars' && value && typeof value === 'object') {
     return String(Object.keys(value).length);

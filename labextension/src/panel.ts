@@ -16,6 +16,14 @@ import {
   specToYaml
 } from './model';
 
+/** The installer output's tail of a build error: a list of lines or a text. */
+function outputTail(tail: unknown): string {
+  if (Array.isArray(tail)) {
+    return tail.map(String).join('\n');
+  }
+  return tail ? String(tail) : '';
+}
+
 export interface IPanelOptions {
   model: RuntimeEnvModel;
   confirmDelete: () => boolean;
@@ -76,7 +84,7 @@ export class RuntimeEnvPanel extends Widget {
   render(): void {
     const model = this._model;
     this._header.replaceChildren(
-      el('span', 'jp-RuntimeEnv-title', 'Runtime environments'),
+      el('span', 'jp-RuntimeEnv-title', 'Environments'),
       el(
         'span',
         `jp-RuntimeEnv-live ${model.connected ? 'jp-mod-live' : 'jp-mod-polling'}`,
@@ -115,9 +123,11 @@ export class RuntimeEnvPanel extends Widget {
     id.title = env.env_id;
     top.append(
       id,
-      el('span', `jp-RuntimeEnv-state jp-mod-${env.state.toLowerCase()}`, env.state),
-      el('span', 'jp-RuntimeEnv-meta', formatBytes(env.size))
+      el('span', `jp-RuntimeEnv-state jp-mod-${env.state.toLowerCase()}`, env.state)
     );
+    if (env.size !== null && env.size !== undefined) {
+      top.append(el('span', 'jp-RuntimeEnv-meta', formatBytes(env.size)));
+    }
     const age = el(
       'span',
       'jp-RuntimeEnv-meta',
@@ -152,7 +162,7 @@ export class RuntimeEnvPanel extends Widget {
           `failed${step ? ` at step ${step}` : ''}: ${env.error?.message ?? 'unknown error'}`
         )
       );
-      const tail = String(env.error?.output_tail ?? '') || env.log.join('\n');
+      const tail = outputTail(env.error?.output_tail) || env.log.join('\n');
       if (tail) {
         card.append(el('pre', 'jp-RuntimeEnv-log', tail.split('\n').slice(-15).join('\n')));
       }
@@ -172,7 +182,7 @@ export class RuntimeEnvPanel extends Widget {
         void this._act(() => this._model.release(env.env_id))
       ),
       button('Delete', 'Remove this environment from the cache', () => void this._delete(env), 'jp-mod-warn'),
-      button('Copy spec', 'Copy the spec as YAML', () => {
+      button('Copy', 'Copy the spec as YAML', () => {
         Clipboard.copyToSystem(specToYaml(env.spec));
         this._say('spec copied as YAML');
       })
@@ -201,26 +211,27 @@ export class RuntimeEnvPanel extends Widget {
     for (const worker of workers) {
       const row = el('div', 'jp-RuntimeEnv-worker');
       row.dataset.pid = String(worker.pid);
-      const who = el('span', 'jp-RuntimeEnv-workerWho', `pid ${worker.pid}`);
-      who.title = worker.kernel_label;
-      row.append(
-        who,
+      const line = el('div', 'jp-RuntimeEnv-row');
+      line.append(
+        el('span', 'jp-RuntimeEnv-workerWho', `pid ${worker.pid}`),
         el(
           'span',
           `jp-RuntimeEnv-workerState ${worker.busy ? 'jp-mod-busy' : 'jp-mod-idle'}`,
           worker.busy ? 'busy' : 'idle'
         ),
-        el(
-          'span',
-          'jp-RuntimeEnv-meta',
-          `${worker.tasks_done} done${worker.tasks_failed ? ` · ${worker.tasks_failed} failed` : ''} · ${formatBytes(worker.rss)}`
-        ),
         button('Stop', `Stop worker ${worker.pid} of ${worker.kernel_label}`, () =>
           void this._act(() => this._model.stopWorker(worker.kernel_id, worker.pid))
         )
       );
+      const failed = worker.tasks_failed ? ` · ${worker.tasks_failed} failed` : '';
+      const detail = el(
+        'div',
+        'jp-RuntimeEnv-workerOf',
+        `${worker.tasks_done} done${failed} · ${formatBytes(worker.rss)} · ${worker.kernel_label}`
+      );
+      detail.title = worker.kernel_label;
+      row.append(line, detail);
       box.append(row);
-      box.append(el('div', 'jp-RuntimeEnv-workerOf', worker.kernel_label));
     }
     return box;
   }
