@@ -109,7 +109,9 @@ class Lab:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"jupyter lab did not start: see {tmp / 'lab.log'}")
+                    raise RuntimeError(
+                        f"jupyter lab did not start: see {tmp / 'lab.log'}"
+                    ) from None
                 time.sleep(0.3)
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
@@ -224,9 +226,7 @@ def test_the_sidebar_follows_envs_workers_and_notebook_envs(lab: Lab) -> None:
         # A kernel's remote worker appears under its env; Stop makes it go away.
         page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'demo.ipynb'})")
         page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(
-            timeout=90_000
-        )
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         expect(page.locator(".jp-OutputArea-output").first).to_contain_text(
             "worker", timeout=120_000

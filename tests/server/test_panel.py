@@ -243,3 +243,34 @@ async def test_the_kernels_declared_env_becomes_notebook_metadata_and_its_state_
         jp_fetch, "POST", "notebook_env", body={"path": "../../x.ipynb", "runtime_env": meta}
     )
     assert code == 400
+
+
+async def test_declare_makes_the_notebooks_env_the_kernels_default(
+    jp_fetch: Any, jp_serverapp: Any, jp_root_dir: Path
+) -> None:
+    # The code the badge's "Declare" button runs (labextension/src/notebook.ts declareCode).
+    (jp_root_dir / "nb" / "data").mkdir(parents=True)
+    spec = json.dumps({"env_vars": {"MODE": "carried"}, "working_dir": "data"})
+    code = (
+        f"import os\nos.chdir({str(jp_root_dir / 'nb')!r})\n"
+        "import json as _jre_json\n"
+        "from jupyter_runtimeenv.notebook_meta import declare as _jre_declare\n"
+        f"_jre_declare(_jre_json.loads({spec!r}))\n"
+        "from jupyter_runtimeenv.workers.api import default_runtime_env\n"
+        "print(default_runtime_env().to_json()['working_dir'])"
+    )
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    out = await run(jp_serverapp, kernel_id, code)
+    assert out.strip().splitlines()[-1] == str(jp_root_dir / "nb" / "data")
+    for _ in range(100):
+        kernels = (await call(jp_fetch, "GET", "kernels"))["kernels"]
+        if kernels and kernels[0]["runtime_env"]:
+            break
+        await asyncio.sleep(0.1)
+    assert kernels[0]["runtime_env"]["env_vars"] == {"MODE": "carried"}
+    # Built at once (eager), like %runtime_env: the notebook's badge says cached.
+    meta = {"version": 1, "spec": json.loads(spec)}
+    status = await call(
+        jp_fetch, "POST", "notebook_env", body={"path": "nb/x.ipynb", "runtime_env": meta}
+    )
+    assert status["state"] == "cached"
