@@ -40,6 +40,27 @@ async def refused(jp_fetch: Any, method: str, *path: str, **kw: Any) -> tuple[in
     return info.value.code, (json.loads(body) if body else {})
 
 
+PANEL_ROUTES = [
+    ("GET", ("overview",)),
+    ("POST", ("envs", "a" * 64, "rebuild")),
+    ("GET", ("kernels",)),
+    ("GET", ("kernels", "k")),
+    ("POST", ("kernels", "k")),
+    ("GET", ("kernels", "k", "notebook_env")),
+    ("DELETE", ("kernels", "k", "workers", "123")),
+    ("POST", ("notebook_env",)),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), PANEL_ROUTES)
+async def test_every_panel_route_refuses_requests_without_the_token(
+    jp_fetch: Any, method: str, path: tuple[str, ...]
+) -> None:
+    for token in ("", "token wrong"):
+        code, _ = await refused(jp_fetch, method, *path, headers={"Authorization": token})
+        assert code == 403
+
+
 async def test_overview_gives_sizes_ages_and_holders_named_as_users_know_them(
     jp_fetch: Any,
 ) -> None:

@@ -207,6 +207,7 @@ def test_the_openapi_description_ships_and_names_every_route() -> None:
     from importlib.resources import files
 
     from jupyter_runtimeenv.server.handlers import default_handlers
+    from jupyter_runtimeenv.server.panel import panel_handlers
 
     text = files("jupyter_runtimeenv.server").joinpath("openapi.yaml").read_text()
     described = set(yaml.safe_load(text)["paths"])
@@ -215,6 +216,8 @@ def test_the_openapi_description_ships_and_names_every_route() -> None:
         .removesuffix("/?")
         .replace("(?P<env_id>[^/]+)", "{env_id}")
         .replace("(?P<holder>[^/]+)", "{holder}")
-        for pattern, _ in default_handlers
+        .replace("(?P<kernel_id>[0-9A-Za-z_-]{1,64})", "{kernel_id}")
+        .replace("(?P<pid>[0-9]{1,10})", "{pid}")
+        for pattern, _ in [*default_handlers, *panel_handlers]
     }
     assert described == routes
