@@ -320,6 +320,8 @@ class RuntimeEnvExtension(ExtensionApp):
             self._known_kernels.add(kernel_id)
 
     async def _on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        if data.get("action") == "restart" and data.get("kernel_id"):
+            self.kernel_reports.drop(str(data["kernel_id"]))  # its workers died with it
         if data.get("action") == "shutdown" and data.get("kernel_id"):
             self.kernel_reports.drop(str(data["kernel_id"]))
             await self.release_kernel(str(data["kernel_id"]))

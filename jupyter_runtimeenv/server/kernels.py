@@ -108,12 +108,16 @@ class KernelReports:
         self._reports: dict[str, dict[str, Any]] = {}
 
     def put(self, kernel_id: str, report: dict[str, Any]) -> None:
-        """Record a kernel's (validated) report; an event when it differs from the last."""
+        """Record a kernel's (validated) report; an event when its pools changed.
+
+        The event carries the pools only: the declared env may hold env_vars values, and
+        events may be logged by handlers the operator configured; the sidebar reads it over
+        REST when it saves it.
+        """
         old = self._reports.get(kernel_id)
-        entry = {"kernel_id": kernel_id, **report}
-        self._reports[kernel_id] = {**entry, "updated": time.time()}
-        if old is None or {k: v for k, v in old.items() if k != "updated"} != entry:
-            self._emit({"kind": "report", **entry})
+        self._reports[kernel_id] = {"kernel_id": kernel_id, **report, "updated": time.time()}
+        if old is None or old["pools"] != report["pools"]:
+            self._emit({"kind": "report", "kernel_id": kernel_id, "pools": report["pools"]})
 
     def get(self, kernel_id: str) -> dict[str, Any] | None:
         return self._reports.get(kernel_id)
@@ -145,7 +149,9 @@ class KernelReports:
         parent = parent_pid(pid)
         if parent is None:
             raise LookupError(f"no process {pid}: the worker has already stopped")
-        if kernel_pid is not None and parent != kernel_pid and parent != -1:
+        if kernel_pid is None:
+            raise LookupError(f"kernel {kernel_id} has no local process: cannot check pid {pid}")
+        if parent not in (kernel_pid, -1):  # -1: no /proc to tell
             raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}")
         try:
             os.kill(pid, signal.SIGKILL)

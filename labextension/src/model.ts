@@ -164,14 +164,21 @@ export class RuntimeEnvModel {
 
   /** Load every env and kernel report from the REST API. */
   async refresh(): Promise<void> {
+    const ticket = ++this._refreshes;
     try {
       const overview = await this._transport.request<IOverview>(
         'GET',
         'overview'
       );
+      if (ticket !== this._refreshes) {
+        return; // a newer refresh started meanwhile: its answer wins
+      }
       this.applyOverview(overview);
       this.error = null;
     } catch (reason) {
+      if (ticket !== this._refreshes) {
+        return;
+      }
       this.error = `cannot reach the server's runtime env agent: ${message(reason)}`;
     }
     this.loaded = true;
@@ -355,8 +362,8 @@ export class RuntimeEnvModel {
         kernel_id: kernelId,
         path: old?.path,
         pools: (event.pools as IPool[]) ?? [],
-        runtime_env: (event.runtime_env as Record<string, unknown>) ?? null,
-        cwd: (event.cwd as string) ?? null
+        runtime_env: old?.runtime_env ?? null,
+        cwd: old?.cwd ?? null
       });
       if (!old) {
         this._scheduleRefresh(); // the notebook path comes with the overview
@@ -396,6 +403,7 @@ export class RuntimeEnvModel {
     }
   }
 
+  private _refreshes = 0;
   private _transport: ITransport;
   private _subscription: { dispose(): void } | null = null;
   private _setTimer: (fn: () => void, ms: number) => unknown;
@@ -558,7 +566,7 @@ export function specToYaml(spec: Record<string, unknown>): string {
 
 function scalar(value: unknown): string {
   if (typeof value === 'string') {
-    return /^[A-Za-z0-9_./=<>~!-][A-Za-z0-9_./=<>~!,* -]*$/.test(value) &&
+    return /^[A-Za-z0-9_./][A-Za-z0-9_./=<>~!,* -]*$/.test(value) &&
       !/^(true|false|null|yes|no|on|off|[0-9.]+)$/i.test(value)
       ? value
       : JSON.stringify(value);

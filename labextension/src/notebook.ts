@@ -8,6 +8,7 @@
  * declares it in the kernel, by running ``notebook_meta.declare`` there (the same as
  * ``%runtime_env --file``: built at once, the kernel's next tasks use it).
  */
+import { showErrorMessage } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
@@ -122,8 +123,15 @@ export class NotebookEnvBadge extends Widget {
       silent: false,
       store_history: false
     });
-    await future.done;
+    const reply = await future.done;
     this._scheduleUpdate();
+    const content = reply.content;
+    if (content.status === 'error') {
+      await showErrorMessage(
+        "Declare the notebook's environment",
+        `${content.ename}: ${content.evalue}`
+      );
+    }
   }
 
   private _scheduleUpdate(): void {

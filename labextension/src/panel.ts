@@ -70,7 +70,7 @@ export class RuntimeEnvPanel extends Widget {
     this._notice = el('div', 'jp-RuntimeEnv-notice');
     this._list = el('div', 'jp-RuntimeEnv-list');
     this.node.append(this._header, this._notice, this._list);
-    this._disconnect = this._model.changed.connect(() => this.render());
+    this._disconnect = this._model.changed.connect(() => this._scheduleRender());
     this._ticker = setInterval(() => this.render(), 30000); // ages
     this.render();
   }
@@ -79,6 +79,17 @@ export class RuntimeEnvPanel extends Widget {
     this._disconnect();
     clearInterval(this._ticker);
     super.dispose();
+  }
+
+  /** Render once per frame however many events arrive (a build's log is chatty). */
+  private _scheduleRender(): void {
+    if (this._frame !== null) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = null;
+      this.render();
+    });
   }
 
   render(): void {
@@ -297,4 +308,5 @@ export class RuntimeEnvPanel extends Widget {
   private _message = '';
   private _disconnect: () => void;
   private _ticker: ReturnType<typeof setInterval>;
+  private _frame: number | null = null;
 }

@@ -160,6 +160,19 @@ describe('RuntimeEnvModel', () => {
     expect(timers.pending).toHaveLength(0); // the poll timer is cancelled
   });
 
+  it('applies only the newest of overlapping refreshes', async () => {
+    const { model, transport } = setup('READY');
+    const answers: Array<(v: IOverview) => void> = [];
+    transport.request = <T>() => new Promise<T>(resolve => answers.push(resolve as any));
+    const first = model.refresh();
+    const second = model.refresh();
+    answers[1](overview('READY'));
+    await second;
+    answers[0](overview('BUILDING')); // the older answer arrives last
+    await first;
+    expect(model.envs.get(ID)?.state).toBe('READY');
+  });
+
   it('says when the server cannot be reached', async () => {
     const { model, transport } = setup();
     transport.failing = true;
@@ -249,5 +262,8 @@ describe('formatting', () => {
     expect(
       specToYaml({ pip: ['six', 'a b'], env_vars: { MODE: 'true' }, excludes: [] })
     ).toBe('pip:\n  - six\n  - a b\nenv_vars:\n  MODE: "true"\nexcludes: []\n');
+    expect(specToYaml({ pip: ['>=1', '-e x', 'a: b'] })).toBe(
+      'pip:\n  - ">=1"\n  - "-e x"\n  - "a: b"\n'
+    );
   });
 });

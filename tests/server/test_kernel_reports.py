@@ -49,7 +49,10 @@ def test_a_report_publishes_only_changes_and_a_gone_event() -> None:
     report = validate_report({"pools": [{"env_id": "e", "workers": [{"pid": 99}]}]})
     reports.put("k", report)
     reports.put("k", report)
+    reports.put("k", {**report, "runtime_env": {"env_vars": {"TOKEN": "secret"}}})
     assert [e["kind"] for e in events] == ["report"]
+    assert "runtime_env" not in events[0]  # env_vars values stay out of the event log
+    assert reports.get("k")["runtime_env"] == {"env_vars": {"TOKEN": "secret"}}
     reports.prune({"k"})
     reports.prune(set())
     assert [e["kind"] for e in events] == ["report", "gone"]
@@ -67,6 +70,9 @@ def test_only_a_reported_child_of_the_kernel_is_stopped() -> None:
             reports.stop_worker("k", os.getpid())
         with pytest.raises(LookupError, match="already stopped"):
             reports.stop_worker("k", 1234567)
+        reports._kernel_pid = lambda kernel_id: None  # a kernel without a local process
+        with pytest.raises(LookupError, match="cannot check"):
+            reports.stop_worker("k", child.pid)
         reports._kernel_pid = lambda kernel_id: 1  # another kernel: not its child
         with pytest.raises(LookupError, match="not a worker of kernel k"):
             reports.stop_worker("k", child.pid)
