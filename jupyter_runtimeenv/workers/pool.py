@@ -90,7 +90,10 @@ class Pool:
         self._janitor: threading.Thread | None = None
         self._closing = False
         self._prestart = False
-        self._counts: dict[int, list[int]] = {}  # worker pid -> [tasks done, tasks failed]
+        # worker pid -> [tasks done, tasks failed]; a lock of its own: a future's done-callback
+        # may run at once, inside _assign, under _lock.
+        self._counts: dict[int, list[int]] = {}
+        self._counts_lock = threading.Lock()
         _live_pools.add(self)
         _register_atexit()
         threading.Thread(
@@ -112,13 +115,15 @@ class Pool:
     def stats(self) -> dict[str, object]:
         """What the pool looks like now (for the kernel's report to the server): its env,
         state and each started worker's pid, busy flag and tasks done/failed."""
+        with self._counts_lock:
+            counts = {pid: tuple(c) for pid, c in self._counts.items()}
         with self._lock:
             workers = [
                 {
                     "pid": w.pid,
                     "busy": w.task is not None,
-                    "tasks_done": self._counts.get(w.pid, [0, 0])[0],
-                    "tasks_failed": self._counts.get(w.pid, [0, 0])[1],
+                    "tasks_done": counts.get(w.pid, (0, 0))[0],
+                    "tasks_failed": counts.get(w.pid, (0, 0))[1],
                 }
                 for w in sorted(self._workers, key=lambda w: w.pid)
                 if w.pid
@@ -258,9 +263,10 @@ class Pool:
         _notify()
 
     def _count(self, pid: int, future: Future[object]) -> None:
-        """A task of worker ``pid`` ended (called by whoever settled it). Lock not held."""
+        """A task of worker ``pid`` ended (called by whoever settled it, or at once by
+        ``_assign`` if it was cancelled before: ``_lock`` may be held, so not taken)."""
         failed = future.cancelled() or future.exception() is not None
-        with self._lock:
+        with self._counts_lock:
             self._counts.setdefault(pid, [0, 0])[1 if failed else 0] += 1
         _notify()
 
@@ -450,11 +456,12 @@ def live_pools() -> list[Pool]:
     return [pool for pool in list(_live_pools) if pool.state is not PoolState.CLOSED]
 
 
-def observe(callback: Callable[[], None]) -> None:
+def observe(callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback`` whenever a pool's workers or tasks change. It runs on the pools'
     threads, sometimes under a pool's lock: it must only set a flag. Used by the reporter."""
     if callback not in _observers:
         _observers.append(callback)
+    return lambda: _observers.remove(callback) if callback in _observers else None
 
 
 def _notify() -> None:
