@@ -21,18 +21,29 @@ import asyncio
 import os
 import posixpath
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ..errors import EnvNotFound
 from ..notebook_meta import DRIVER_FIELDS, METADATA_VERSION, relative_spec
 from ..spec.paths import base_dir
-from .handlers import API_PREFIX, DEFAULT_HOLDER, RuntimeEnvHandler, _handles_done
-from .kernels import ReportError, validate_report
+from .handlers import (
+    API_PREFIX,
+    DEFAULT_HOLDER,
+    SETTINGS_KEY,
+    AgentHost,
+    RuntimeEnvHandler,
+    _handles_done,
+)
+from .kernels import KernelReports, ReportError, validate_report
 
 _KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
-_ENV_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+#: The overview reads the stored spec (for its brief) of this many most recently used envs;
+#: the others show their field names only (``GET envs/{id}`` has the spec).
+OVERVIEW_SPECS = 50
+OVERVIEW_PAGE = 500
 _KERNEL_HOLDER = re.compile(r"^kernel:(?P<id>[^/]+)(?:/(?P<rest>.*))?$")
 _STATE_OF_NOTEBOOK_ENV = {"READY": "cached", "BUILDING": "building", "PENDING": "building"}
 
@@ -61,8 +72,22 @@ def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
     return {"id": holder, "label": holder, "kind": "other"}
 
 
+class PanelHost(AgentHost, Protocol):
+    """What the sidebar's handlers need from the extension, beyond ``AgentHost``."""
+
+    @property
+    def kernel_reports(self) -> KernelReports: ...
+
+    def running_kernels(self) -> set[str]: ...
+
+
 class PanelHandler(RuntimeEnvHandler):
     """Shared helpers of the sidebar's handlers."""
+
+    @property
+    def panel_host(self) -> PanelHost:
+        host: PanelHost = self.settings[SETTINGS_KEY]
+        return host
 
     async def kernel_paths(self) -> dict[str, str]:
         """Kernel id -> notebook path of its session (the server's session manager)."""
@@ -81,7 +106,7 @@ class PanelHandler(RuntimeEnvHandler):
         }
 
     def kernel_id_checked(self, kernel_id: str) -> str:
-        if kernel_id not in self.extension.running_kernels():
+        if kernel_id not in self.panel_host.running_kernels():
             raise web.HTTPError(404, f"no running kernel {kernel_id}")
         return kernel_id
 
@@ -104,42 +129,50 @@ class OverviewHandler(PanelHandler):
     @authorized
     @_handles_done
     async def get(self) -> None:
-        """Every env (with size, last use, named holders) and every kernel's report."""
+        """A page of envs (size, last use, named holders; the spec of the most recently used
+        ones, steps and error of those not READY) and every kernel's report."""
         agent = await self.agent()
-        envs = await agent.status()
-        sizes = await asyncio.to_thread(_env_sizes, agent.cache)
+        limit = self.count("limit", OVERVIEW_PAGE, OVERVIEW_PAGE)
+        offset = self.count("offset", 0, 10**9)
+        envs, total = await agent.summaries(limit=limit, offset=offset)
+        ids = [e["env_id"] for e in envs]
+        sizes = await asyncio.to_thread(_env_sizes, agent.cache, ids)
+        recent = sorted(envs, key=lambda e: e.get("last_used") or 0, reverse=True)
+        detailed = {e["env_id"] for e in recent[:OVERVIEW_SPECS] if e["state"] == "READY"}
+        detailed |= {e["env_id"] for e in envs if e["state"] != "READY"}
         paths = await self.kernel_paths()
-        reports = self.extension.kernel_reports
-        reports.prune(self.extension.running_kernels())
+        reports = self.panel_host.kernel_reports
+        reports.prune(self.panel_host.running_kernels())
         out = []
         for env in envs:
-            size, last_used = sizes.get(env["env_id"], (None, None))
+            full: dict[str, Any] = {}
+            if env["env_id"] in detailed:
+                try:
+                    full = await agent.env_status(env["env_id"])
+                except EnvNotFound:  # removed meanwhile
+                    continue
             out.append(
                 {
                     "env_id": env["env_id"],
-                    "state": env["state"],
-                    "spec": env.get("spec") or {},
-                    "error": env.get("error"),
-                    "steps": env.get("steps") or {},
+                    "state": full.get("state", env["state"]),
+                    "spec": full.get("spec"),
+                    "fields": env.get("fields", []),
+                    "error": full.get("error", env.get("error")),
+                    "steps": full.get("steps") or {},
                     "created": env.get("created"),
-                    "last_used": env.get("last_used") or last_used or env.get("updated"),
-                    "size": size,
+                    "last_used": env.get("last_used") or env.get("updated"),
+                    "size": sizes.get(env["env_id"]),
                     "holders": [name_holder(h, paths) for h in env.get("holders", [])],
                 }
             )
         kernels = [{**r, "path": paths.get(r["kernel_id"], "")} for r in reports.all()]
-        self.finish({"envs": out, "kernels": kernels})
+        await self.reply({"envs": out, "total": total, "kernels": kernels})
 
 
-def _env_sizes(cache: Any) -> dict[str, tuple[int, float | None]]:
-    """env id -> (bytes of its resources, last use of any of them). Blocking: a thread."""
-    resources = {r["uri"]: r for r in cache.resources()}
-    out: dict[str, tuple[int, float | None]] = {}
-    for env in cache.envs():
-        rows = [resources[u] for u in cache.env_uris(env["env_id"]) if u in resources]
-        last = max((r["last_used"] for r in rows), default=None)
-        out[env["env_id"]] = (sum(r["size"] or 0 for r in rows), env.get("last_used") or last)
-    return out
+def _env_sizes(cache: Any, env_ids: list[str]) -> dict[str, int]:
+    """env id -> bytes of its resources. Blocking (the index): a thread."""
+    sizes = {r["uri"]: r["size"] or 0 for r in cache.resources()}
+    return {e: sum(sizes.get(u, 0) for u in cache.env_uris(e)) for e in env_ids}
 
 
 class RebuildHandler(PanelHandler):
@@ -149,9 +182,8 @@ class RebuildHandler(PanelHandler):
     async def post(self, env_id: str) -> None:
         """Build an env again from its spec: a FAILED one is retried; a READY one is removed
         (409 while others hold it, unless ``force=true``) and built anew."""
-        if not _ENV_ID_RE.match(env_id):
-            raise web.HTTPError(400, "env_id: expected 64 hexadecimal digits")
         agent = await self.agent()
+        env_id = await self.env_id(agent, env_id)
         env = await self.run(agent.env_status(env_id))
         if env["state"] in ("PENDING", "BUILDING"):
             self.fail(409, "EnvBusy", f"environment {env_id} is building already")
@@ -163,7 +195,7 @@ class RebuildHandler(PanelHandler):
             await self.run(agent.remove(env_id, force=self.flag("force")))
         status = await agent.ensure(spec, holder, retry=True)
         self.set_status(202)
-        self.finish(status)
+        await self.reply(status)
 
 
 class KernelsHandler(PanelHandler):
@@ -172,23 +204,25 @@ class KernelsHandler(PanelHandler):
     @_handles_done
     async def get(self) -> None:
         """Every running kernel's last report, with its notebook path."""
-        reports = self.extension.kernel_reports
-        reports.prune(self.extension.running_kernels())
+        reports = self.panel_host.kernel_reports
+        reports.prune(self.panel_host.running_kernels())
         paths = await self.kernel_paths()
-        self.finish(
+        await self.reply(
             {"kernels": [{**r, "path": paths.get(r["kernel_id"], "")} for r in reports.all()]}
         )
 
 
 class KernelReportHandler(PanelHandler):
+    spec_methods = frozenset({"POST"})  # a report carries the kernel's declared spec
+
     @web.authenticated
     @authorized
     @_handles_done
     async def get(self, kernel_id: str) -> None:
-        report = self.extension.kernel_reports.get(kernel_id)
+        report = self.panel_host.kernel_reports.get(kernel_id)
         if report is None:
             raise web.HTTPError(404, f"kernel {kernel_id} has not reported")
-        self.finish(report)
+        await self.reply(report)
 
     @web.authenticated
     @authorized
@@ -197,11 +231,11 @@ class KernelReportHandler(PanelHandler):
         """A kernel's report: its pools and workers, its declared env, its cwd."""
         self.kernel_id_checked(kernel_id)
         try:
-            report = validate_report(self.json_body())
+            report = validate_report(await self.json_body())
         except ReportError as exc:
             self.fail(400, "ReportError", str(exc))
             return
-        self.extension.kernel_reports.put(kernel_id, report)
+        self.panel_host.kernel_reports.put(kernel_id, report)
         self.set_status(204)
         self.finish()
 
@@ -214,11 +248,11 @@ class WorkerHandler(PanelHandler):
         """Stop one worker a running kernel reported (its pool sees it die)."""
         self.kernel_id_checked(kernel_id)
         try:
-            await asyncio.to_thread(self.extension.kernel_reports.stop_worker, kernel_id, int(pid))
+            await asyncio.to_thread(self.panel_host.kernel_reports.stop_worker, kernel_id, int(pid))
         except LookupError as exc:
             self.fail(404, "WorkerNotFound", str(exc))
             return
-        self.finish({"kernel_id": kernel_id, "pid": int(pid), "stopped": True})
+        await self.reply({"kernel_id": kernel_id, "pid": int(pid), "stopped": True})
 
 
 class KernelNotebookEnvHandler(PanelHandler):
@@ -227,7 +261,7 @@ class KernelNotebookEnvHandler(PanelHandler):
     @_handles_done
     async def get(self, kernel_id: str) -> None:
         """The kernel's declared env as ``metadata.runtime_env`` of notebook ``?path=``."""
-        report = self.extension.kernel_reports.get(kernel_id)
+        report = self.panel_host.kernel_reports.get(kernel_id)
         if report is None or not report.get("runtime_env"):
             self.fail(
                 404,
@@ -235,11 +269,11 @@ class KernelNotebookEnvHandler(PanelHandler):
                 "this notebook's kernel declared no environment (use %runtime_env first)",
             )
             return
-        notebook_dir = self.notebook_dir(self.get_query_argument("path", ""), report)
+        notebook_dir = self.notebook_dir(self.query("path"), report)
         spec = relative_spec(report["runtime_env"], notebook_dir, self.root_dir())
         agent = await self.agent()
         parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
-        self.finish({"version": METADATA_VERSION, "spec": spec, "env_id": parsed.env_id})
+        await self.reply({"version": METADATA_VERSION, "spec": spec, "env_id": parsed.env_id})
 
 
 def _parse_in(agent: Any, spec: dict[str, Any], directory: str) -> Any:
@@ -253,6 +287,8 @@ def _core(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 class NotebookEnvHandler(PanelHandler):
+    spec_methods = frozenset({"POST"})
+
     @web.authenticated
     @authorized
     @_handles_done
@@ -261,7 +297,7 @@ class NotebookEnvHandler(PanelHandler):
         metadata}``; answers ``{"state": cached|building|failed|missing, "env_id"}``. An env
         matches when its spec, without the driver's own fields, is the metadata's spec
         resolved against the notebook's directory."""
-        data = self.json_body()
+        data = await self.json_body()
         if not isinstance(data, dict) or not isinstance(data.get("runtime_env"), dict):
             self.fail(400, "SpecError", "runtime_env: expected the notebook's metadata object")
             return
@@ -279,14 +315,24 @@ class NotebookEnvHandler(PanelHandler):
         parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
         want = _core(parsed.to_json())
         found: dict[str, Any] | None = None
-        for env in await agent.status():
+        # Only envs with the same field names (plus the driver's) can match: their specs are
+        # read, no others.
+        names = set(want)
+        envs, _total = await agent.summaries()
+        for summary in envs:
+            if set(summary.get("fields", [])) - set(DRIVER_FIELDS) != names:
+                continue
+            try:
+                env = await agent.env_status(summary["env_id"])
+            except EnvNotFound:
+                continue
             if _core(env.get("spec") or {}) == want and (found is None or env["state"] == "READY"):
                 found = env
         if found is None:
-            self.finish({"state": "missing", "env_id": parsed.env_id})
+            await self.reply({"state": "missing", "env_id": parsed.env_id})
             return
         state = _STATE_OF_NOTEBOOK_ENV.get(found["state"], "failed")
-        self.finish({"state": state, "env_id": found["env_id"], "error": found.get("error")})
+        await self.reply({"state": state, "env_id": found["env_id"], "error": found.get("error")})
 
 
 panel_handlers = [

@@ -33,7 +33,10 @@ export interface IBuildError {
 export interface IEnv {
   env_id: string;
   state: string;
-  spec: Record<string, unknown>;
+  /** The spec, for the most recently used envs (``specOf`` fetches any other). */
+  spec: Record<string, unknown> | null;
+  /** The spec's field names (always there). */
+  fields?: string[];
   error: IBuildError | null;
   steps: Record<string, IStep>;
   created: number | null;
@@ -301,6 +304,19 @@ export class RuntimeEnvModel {
     );
   }
 
+  /** The env's spec: from the overview, else ``GET envs/{id}``. */
+  async specOf(envId: string): Promise<Record<string, unknown>> {
+    const env = this.envs.get(envId);
+    if (env?.spec) {
+      return env.spec;
+    }
+    const full = await this._transport.request<{ spec: Record<string, unknown> }>(
+      'GET',
+      `envs/${envId}`
+    );
+    return full.spec;
+  }
+
   async fullLog(envId: string): Promise<string> {
     return this._transport.request<string>('GET', `envs/${envId}/log`);
   }
@@ -419,17 +435,27 @@ function message(reason: unknown): string {
   return reason instanceof Error ? reason.message : String(reason);
 }
 
-/** ``pip: numpy, pandas · working_dir: data/ · env_vars: 2`` */
-export function specBrief(spec: Record<string, unknown>): string {
+/** ``pip: numpy, pandas · working_dir: data/ · env_vars: 2``; the field names alone when
+ * the overview did not carry the spec. */
+export function specBrief(
+  spec: Record<string, unknown> | null,
+  fields: string[] = []
+): string {
+  if (!spec) {
+    const names = fields.filter(f => !DRIVER_KEYS.includes(f));
+    return names.length ? names.join(' · ') : 'no packages (the driver’s Python)';
+  }
   const parts: string[] = [];
   for (const [key, value] of Object.entries(spec)) {
-    if (key === 'config' || key === 'driver_python' || key === 'driver_sys_path') {
+    if (key === 'config' || DRIVER_KEYS.includes(key)) {
       continue;
     }
     parts.push(`${key}: ${briefValue(key, value)}`);
   }
   return parts.length ? parts.join(' · ') : 'no packages (the driver’s Python)';
 }
+
+const DRIVER_KEYS = ['driver_python', 'driver_sys_path'];
 
 function briefValue(key: string, value: unknown): string {
   if (key === 'pip' || key === 'uv') {

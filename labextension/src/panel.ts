@@ -148,7 +148,7 @@ export class RuntimeEnvPanel extends Widget {
     top.append(age);
     card.append(top);
 
-    card.append(el('div', 'jp-RuntimeEnv-brief', specBrief(env.spec)));
+    card.append(el('div', 'jp-RuntimeEnv-brief', specBrief(env.spec, env.fields)));
 
     if (env.holders.length) {
       const holders = el('div', 'jp-RuntimeEnv-holders');
@@ -193,10 +193,12 @@ export class RuntimeEnvPanel extends Widget {
         void this._act(() => this._model.release(env.env_id))
       ),
       button('Delete', 'Remove this environment from the cache', () => void this._delete(env), 'jp-mod-warn'),
-      button('Copy', 'Copy the spec as YAML', () => {
-        Clipboard.copyToSystem(specToYaml(env.spec));
-        this._say('spec copied as YAML');
-      })
+      button('Copy', 'Copy the spec as YAML', () =>
+        void this._act(async () => {
+          Clipboard.copyToSystem(specToYaml(await this._model.specOf(env.env_id)));
+          this._say('spec copied as YAML');
+        })
+      )
     );
     card.append(actions);
     return card;

@@ -215,6 +215,14 @@ describe('RuntimeEnvModel', () => {
     ]);
   });
 
+  it('fetches the spec of an env the overview gave without one', async () => {
+    const { model, transport } = setup('READY');
+    await model.start();
+    model.envs.get(ID)!.spec = null;
+    transport.answers[`GET envs/${ID}`] = { spec: { env_vars: { A: '1' } } };
+    expect(await model.specOf(ID)).toEqual({ env_vars: { A: '1' } });
+  });
+
   it('sorts building envs first, then by last use', async () => {
     const { model } = setup();
     model.applyOverview({
@@ -241,6 +249,7 @@ describe('formatting', () => {
       })
     ).toBe('pip: numpy, pandas[excel] · working_dir: data/ · env_vars: 2');
     expect(specBrief({ config: {} })).toMatch(/no packages/);
+    expect(specBrief(null, ['driver_python', 'pip', 'working_dir'])).toBe('pip · working_dir');
   });
 
   it('names requirements', () => {
