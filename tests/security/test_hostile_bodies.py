@@ -192,7 +192,7 @@ async def test_gc_takes_only_a_non_negative_integer(
     code, answer = await raw("POST", "gc", body=body)
     assert code == status, answer
     if status == 200:
-        assert answer == {"evicted": []}
+        assert answer == {"evicted": [], "freed_bytes": 0}
     await nothing_happened(raw, alive, markers)
 
 
