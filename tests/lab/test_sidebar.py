@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_process import JupyterProcess
 
 from tests.server.plugins import SCRIPT, script
 
@@ -55,22 +53,12 @@ def pid():
 print("worker", pid.remote().result(timeout=120))"""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Lab:
+class Lab(JupyterProcess):
     """A ``jupyter lab`` subprocess and REST calls to it."""
 
     def __init__(self, tmp: Path) -> None:
-        self.root = tmp / "root"
-        self.root.mkdir()
-        self.token = "e2e-token"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        settings = tmp / "settings"
+        root = tmp / "root"
+        root.mkdir()
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -78,65 +66,19 @@ class Lab:
             "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
             "JUPYTER_RUNTIMEENV_CACHE": str(tmp / "cache"),
         }
-        self.log = (tmp / "lab.log").open("w")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--ip=127.0.0.1",
-                f"--port={self.port}",
-                f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={self.root}",
-                "--ServerApp.open_browser=False",
-                "--allow-root",
-                f"--LabApp.user_settings_dir={settings}",
+        super().__init__(
+            "jupyterlab",
+            root,
+            tmp / "lab.log",
+            env=env,
+            args=[
+                f"--LabApp.user_settings_dir={tmp / 'settings'}",
                 f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
                 "--LabApp.expose_app_in_browser=True",
                 "--RuntimeEnvExtension.kernel_sweep_interval=0.5",
                 f"--RuntimeEnvExtension.allowed_plugins={SCRIPT}",
             ],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=self.root,
         )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                self.api("GET", "status")
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"jupyter lab did not start: see {tmp / 'lab.log'}"
-                    ) from None
-                time.sleep(0.3)
-
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            raw = response.read()
-        return json.loads(raw) if raw else None
-
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        return self.request(method, "jupyter-runtimeenv/api/" + path, body)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture

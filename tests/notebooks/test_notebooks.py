@@ -20,22 +20,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+from jupyter_process import JupyterProcess
 from nbclient import NotebookClient
 
 from jupyter_runtimeenv.quickstart import text_outputs
@@ -53,16 +48,10 @@ def copy_notebooks(into: Path) -> Path:
     return target
 
 
-class Server:
+class Server(JupyterProcess):
     """A ``jupyter server`` subprocess with the extension, its root a copy of ``notebooks/``."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.token = secrets.token_hex(16)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
         self.runtime = root / "runtime"
         self.folder = copy_notebooks(root)
         config = root / "config"
@@ -80,48 +69,14 @@ class Server:
                 filter(None, [str(self.folder), os.environ.get("PYTHONPATH")])
             ),
         }
-        argv = [
-            sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
-            "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-            "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True,"
-            " 'jupyter_server_terminals': False}",
-        ]  # fmt: skip
-        self.log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, env=env, cwd=root, stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.get("jupyter-runtimeenv/api/status")
-                break
-            except OSError:
-                assert self.proc.poll() is None, (root / "server.log").read_text()
-                assert time.monotonic() < deadline, (root / "server.log").read_text()
-                time.sleep(0.2)
-
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        extensions = "{'jupyter_runtimeenv': True, 'jupyter_server_terminals': False}"
+        super().__init__(
+            "jupyter_server",
+            root,
+            root / "server.log",
+            env=env,
+            args=[f"--ServerApp.jpserver_extensions={extensions}"],
         )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            raw = response.read()
-        return json.loads(raw) if raw else None
-
-    def get(self, path: str) -> Any:
-        return self.request("GET", path)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture
@@ -191,7 +146,7 @@ def execute(name: str, mode: str, request: pytest.FixtureRequest) -> list[str]:
     if mode == "server":
         server: Server = request.getfixturevalue("server")
         nb = run_in_server(server, name)
-        envs = server.get("jupyter-runtimeenv/api/envs")["envs"]
+        envs = server.api("GET", "envs")["envs"]
         assert [e for e in envs if e["state"] == "READY"], envs
     else:
         nb = run_embedded(request.getfixturevalue("tmp_path"), name, monkeypatch)

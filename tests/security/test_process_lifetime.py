@@ -17,9 +17,7 @@ import contextlib
 import http.client
 import json
 import os
-import secrets
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
+from jupyter_process import JupyterProcess
 from wheelhouse import make_wheelhouse
 
 from jupyter_runtimeenv.agent import Cache
@@ -240,12 +239,6 @@ def test_a_recycled_pid_is_never_signalled(cache_dir: Path, tmp_path: Path) -> N
             sleeper.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _request(port: int, token: str, method: str, path: str, body: Any = None) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
@@ -271,34 +264,25 @@ def test_server_signal_mid_build_kills_every_installer(
     spawned: list[subprocess.Popen[Any]],
     sig: signal.Signals,
 ) -> None:
-    port, token = _free_port(), secrets.token_hex(16)
     log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}"),
-                *("--ip=127.0.0.1", "--allow-root", f"--IdentityProvider.token={token}"),
-                f"--ServerApp.root_dir={tmp_path}",
-                "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
-                f"--RuntimeEnvExtension.cache_dir={cache_dir}",
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    spawned.append(server)
-
-    def up() -> bool:
-        try:
-            return _request(port, token, "GET", "status") == 200
-        except OSError:
-            return False
-
-    wait_until(up, "the server to answer")
-    assert _request(port, token, "POST", "envs", json.loads(HANG_SPEC)) == 201
-    installers = installers_of(server.pid, tmp_path / "hang.pid")
-    server.send_signal(sig)
-    server.wait(60)
+    server = JupyterProcess(
+        "jupyter_server",
+        tmp_path,
+        log,
+        env=env,
+        args=[
+            "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
+            f"--RuntimeEnvExtension.cache_dir={cache_dir}",
+        ],
+    )
+    spawned.append(server.proc)
+    try:
+        assert _request(server.port, server.token, "POST", "envs", json.loads(HANG_SPEC)) == 201
+        installers = installers_of(server.proc.pid, tmp_path / "hang.pid")
+        server.proc.send_signal(sig)
+        server.proc.wait(60)
+    finally:
+        server.stop()
     assert all_gone(installers) == [], log.read_text()[-3000:]
     assert recorded_groups(cache_dir) == []
     text = log.read_text()

@@ -1,0 +1,93 @@
+"""A Jupyter server (``jupyter_server`` or ``jupyterlab``) in its own process on 127.0.0.1.
+
+For tests that need the server outside the test's event loop: kernels driven by nbclient, a
+browser, signals sent to the server. pytest-jupyter's in-process server serves the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+API = "jupyter-runtimeenv/api/"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class JupyterProcess:
+    """``python -m <module>`` serving ``root`` (output in ``log``); up once ``status`` answers."""
+
+    def __init__(
+        self,
+        module: str,
+        root: Path,
+        log: Path,
+        *,
+        env: Mapping[str, str],
+        args: Sequence[str] = (),
+        startup_timeout: float = 90,
+    ) -> None:
+        self.root = root
+        self.log_path = log
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        argv = [
+            sys.executable, "-m", module, "--no-browser", "--allow-root", "--ip=127.0.0.1",
+            f"--port={self.port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}", *args,
+        ]  # fmt: skip
+        self.log = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv, env=dict(env), cwd=root, stdout=self.log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            try:
+                self.api("GET", "status")
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"{module} did not start:\n{log.read_text(errors='replace')}"
+                    ) from None
+                time.sleep(0.2)
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """A JSON request to ``path`` (relative to the base URL); the decoded answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+        return json.loads(raw) if raw else None
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        return self.request(method, API + path, body)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
