@@ -111,6 +111,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_OPEN_RETRY_SECONDS = 30.0
+
+
+def _open_index(db: sqlite3.Connection) -> None:
+    """WAL mode and the schema. Two processes opening a new index at once (a server and a
+    CLI, two Dask nodes sharing a cache) can get SQLITE_BUSY here at once: SQLite does not run
+    the busy handler while it switches the journal mode or recovers the WAL (it could
+    deadlock), so the open is retried, bounded, instead of failing the agent's start."""
+    deadline = time.monotonic() + _OPEN_RETRY_SECONDS
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.executescript(_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class Cache:
     """The cache at ``root``; safe to share between threads and between processes.
 
@@ -133,9 +155,7 @@ class Cache:
                 check_same_thread=False,
                 isolation_level=None,
             )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=30000")
-            db.executescript(_SCHEMA)
+            _open_index(db)
         except (OSError, sqlite3.Error) as exc:
             if db is not None:
                 db.close()

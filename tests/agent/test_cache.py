@@ -185,3 +185,28 @@ def test_two_processes_share_one_root(cache_dir: Path, creates: Path) -> None:
     assert contexts[0] == contexts[1]
     assert len(pid_file(creates)) == 1
     assert Path(contexts[0]["env_vars"]["COUNTING_BOTH"], "payload").exists()
+
+
+def test_many_processes_open_a_new_cache_at_once(tmp_path: Path) -> None:
+    """A server, a CLI and Dask nodes may open one new cache together: none of them fails with
+    'database is locked' (SQLite answers SQLITE_BUSY without waiting while it switches a new
+    index to WAL). Eight processes wait on one file, then open the cache at the same moment."""
+    root, go = tmp_path / "cache", tmp_path / "go"
+    code = (
+        "import os, sys, time\n"
+        "from jupyter_runtimeenv.agent import Cache\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+        "Cache(sys.argv[1]).close()\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(root), str(go)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    time.sleep(1.0)  # every process has imported the package and is polling
+    go.touch()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, "\n".join(errors)
