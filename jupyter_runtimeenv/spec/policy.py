@@ -1,6 +1,6 @@
 """``SpecPolicy``: what the sender of a spec may make the agent do.
 
-Two kinds of sender exist (the README's "Security model"):
+Two kinds of sender exist (docs/security.md):
 
 - **the user's own process** (the embedded agent of a notebook or a script, the CLI, the kernel
   provisioner reading a kernelspec from disk) is trusted (``TRUSTED``): it may name plugins by
