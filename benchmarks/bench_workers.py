@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from _common import noop, pipe_rtt, python_start
 
+from jupyter_runtimeenv import api
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
-from jupyter_runtimeenv.workers import api
 from jupyter_runtimeenv.workers.executor import LocalExecutor, resolve_driver_sys_path
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget

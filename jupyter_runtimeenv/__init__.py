@@ -14,6 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .agent import RuntimeEnvAgent
+    from .api import RemoteFunction, get, init, prestart, remote, shutdown, wait
     from .client import AgentClient, EmbeddedClient, get_client
     from .context import EnvContext, compose, process_env
     from .dask import DaskExecutor
@@ -38,19 +39,7 @@ if TYPE_CHECKING:
     from .ipython.tasks import progress
     from .plugins import BuildContext, RuntimeEnvPlugin
     from .spec import RuntimeEnvConfig, RuntimeEnvSpec, SpecPolicy, merge, parse
-    from .workers import (
-        Executor,
-        LocalExecutor,
-        RemoteFunction,
-        RemoteFuture,
-        cancel,
-        get,
-        init,
-        prestart,
-        remote,
-        shutdown,
-        wait,
-    )
+    from .workers import Executor, LocalExecutor, RemoteFuture, cancel
 
 _EXPORTS = {
     "DaskExecutor": "dask",
@@ -69,16 +58,16 @@ _EXPORTS = {
     "SpecPolicy": "spec",
     "Executor": "workers",
     "LocalExecutor": "workers",
-    "RemoteFunction": "workers",
+    "RemoteFunction": "api",
     "RemoteFuture": "workers",
     "SerializationError": "errors",
     "cancel": "workers",
-    "get": "workers",
-    "init": "workers",
-    "prestart": "workers",
-    "remote": "workers",
-    "shutdown": "workers",
-    "wait": "workers",
+    "get": "api",
+    "init": "api",
+    "prestart": "api",
+    "remote": "api",
+    "shutdown": "api",
+    "wait": "api",
     "PluginNotFound": "errors",
     "RemoteInterrupt": "errors",
     "RemoteTaskError": "errors",

@@ -209,8 +209,8 @@ class DaskExecutor(Executor):
         Returns node address -> env id on that node. Raises the first node's ``BuildError``
         (naming the node). After this the driver's local directories may go away.
         """
+        from ..session import default_runtime_env
         from ..spec import merge, parse
-        from ..workers.api import default_runtime_env
         from .node import node_build
 
         if runtime_env is None:

@@ -19,7 +19,7 @@ USER_NAMES = ("remote", "get", "wait")
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics on ``ipython`` and push the remote API into its namespace."""
-    from ..workers import api
+    from .. import api
     from .magics import RuntimeEnvMagics
     from .remote_cell import RemoteCellMagics
     from .sys_path import DriverSysPathMagics
@@ -36,7 +36,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     The magic itself stays registered (IPython has no way to unregister a magics class);
     the names pushed into the user namespace are removed.
     """
-    from ..workers import api
+    from .. import api
     from .magics import RuntimeEnvMagics
 
     magics = ipython.magics_manager.registry.get(RuntimeEnvMagics.__name__)

@@ -3,7 +3,7 @@
 Who calls it: IPython, after ``%load_ext jupyter_runtimeenv`` registered ``RuntimeEnvMagics``.
 The flags become a spec that is merged over the current default (``spec.merge``: key by key,
 ``env_vars`` and ``config`` per entry) and handed to ``jupyter_runtimeenv.init``; with
-``--name NAME`` over the env of that name instead (``workers.envs``). The cell form's body
+``--name NAME`` over the env of that name instead (``session``). The cell form's body
 (YAML or JSON) *is* the env, the flags merged over it: re-running an edited cell gives
 exactly what it says. With ``config.eager_install`` (the default) the environment is built
 at once, through the same client and with the same resolved ``driver_sys_path`` that the
@@ -34,10 +34,11 @@ import yaml
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from .. import api, session
 from ..errors import BuildError, RuntimeEnvError, SpecError
 from ..spec import RuntimeEnvSpec, merge, parse
 from ..spec.paths import resolve_path
-from ..workers import api, envs
+from ..workers import envs
 
 __all__ = ["RuntimeEnvMagics", "spec_from_args"]
 
@@ -227,7 +228,7 @@ class RuntimeEnvMagics(Magics):
         name = args.name
         if name is not None:
             try:
-                envs.check_name(name)
+                session.check_name(name)
             except SpecError as exc:
                 raise UsageError(f"runtime_env: --name: {exc.reason}") from None
         if args.list:
@@ -236,7 +237,7 @@ class RuntimeEnvMagics(Magics):
         if args.clear:
             if name is None:
                 api.init(runtime_env=None)
-            elif not envs.forget(name):
+            elif not session.forget(name):
                 raise UsageError(f"runtime_env: no environment named {name!r}")
             self.release(name)
             print(f"runtime env {name!r} forgotten" if name else "default runtime env cleared")
@@ -264,7 +265,7 @@ class RuntimeEnvMagics(Magics):
         if name is None:
             api.init(runtime_env=spec)
         else:
-            envs.declare(name, spec)
+            session.declare(name, spec)
         if spec.config.eager_install:
             # Its first worker starts now (once the env is READY), so the first call skips that.
             api.prestart(spec)
@@ -386,7 +387,7 @@ def _has_flags(line: str, name: str | None) -> bool:
 
 def _named(name: str) -> RuntimeEnvSpec | None:
     try:
-        return envs.lookup(name)
+        return session.lookup(name)
     except SpecError:
         return None
 

@@ -30,9 +30,9 @@ import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
+from .. import api, session
 from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError
 from ..spec import parse
-from ..workers import api, envs
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_runner
@@ -157,7 +157,7 @@ class RemoteCellMagics(Magics):
                 raise UsageError(f"remote: invalid --runtime-env: {_first_line(exc)}") from None
         try:
             if args.env:
-                envs.lookup(args.env)  # an unknown name fails here, naming the declared ones
+                session.lookup(args.env)  # an unknown name fails here, naming the declared ones
             return api.RemoteFunction(_cell_runner.run_cell, overrides, env_name=args.env)
         except SpecError as exc:
             raise UsageError(f"remote: --env: {exc.reason}") from None

@@ -2,7 +2,7 @@
 
 Who calls it: IPython, after ``%load_ext jupyter_runtimeenv`` registered
 ``DriverSysPathMagics``. It reads and changes the ``driver_sys_path`` field of the
-session's default env (``workers.api``) and, while that is ``true``, the kernel's own
+default env in the session (``session``) and, while that is ``true``, the kernel's own
 ``sys.path``, which ``workers.executor.resolve_driver_sys_path`` resolves at each submit.
 """
 
@@ -14,9 +14,9 @@ import sys
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from .. import api
 from ..errors import SpecError
 from ..spec import merge
-from ..workers import api
 from .magics import argument, magic_arguments, parse_argstring
 
 __all__ = ["DriverSysPathMagics"]

@@ -1,6 +1,6 @@
 """Task progress: ``jupyter_runtimeenv.progress(futures)`` and ``wait(..., progress=True)``.
 
-Who calls it: users, and ``workers.api.wait`` when asked for progress. ``TaskProgress``
+Who calls it: users, and ``api.wait`` when asked for progress. ``TaskProgress``
 counts a list of futures (done, failed, running, queued; elapsed; rate) and shows them as a
 ``TaskProgressWidget`` (a bar and a line, in a kernel) or one text line rewritten in place
 with ``\\r`` (a terminal), or just the final line (output that is not a terminal). It is

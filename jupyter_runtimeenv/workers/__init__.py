@@ -1,7 +1,7 @@
-"""Remote task execution: workers started in a composed environment, and the ``remote`` API.
+"""Remote task execution: workers started in a composed environment, their pools and the
+local executor. (The ``remote`` API on top of it is ``jupyter_runtimeenv.api``.)
 
-Public names: ``init``, ``remote``, ``get``, ``wait``, ``cancel``, ``prestart``, ``shutdown``,
-``RemoteFunction``, ``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so
+Public names: ``cancel``, ``RemoteFuture``, ``Executor``, ``LocalExecutor``. Imported lazily, so
 that importing the package (as ``python -m jupyter_runtimeenv.workers._entry`` does) stays
 cheap.
 """
@@ -12,7 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import RemoteFunction, get, init, prestart, remote, shutdown, wait
     from .executor import Executor, LocalExecutor
     from .future import RemoteFuture
     from .interrupt import cancel
@@ -20,29 +19,15 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Executor": "executor",
     "LocalExecutor": "executor",
-    "RemoteFunction": "api",
     "RemoteFuture": "future",
     "cancel": "interrupt",
-    "get": "api",
-    "init": "api",
-    "prestart": "api",
-    "remote": "api",
-    "shutdown": "api",
-    "wait": "api",
 }
 
 __all__ = [
     "Executor",
     "LocalExecutor",
-    "RemoteFunction",
     "RemoteFuture",
     "cancel",
-    "get",
-    "init",
-    "prestart",
-    "remote",
-    "shutdown",
-    "wait",
 ]
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from ..context import EnvContext
 from ..spec import RuntimeEnvSpec, merge
-from . import report
 from .future import RemoteFuture, Task
 from .output import OutputTarget
 from .pool import Pool
@@ -180,7 +179,6 @@ class LocalExecutor(Executor):
             acquire = acquire or client.acquire_sync
             release = release or client.release_sync
         get, drop = acquire, release
-        report.notify()  # a kernel of a Jupyter server reports its pools to the sidebar
         return Pool(
             lambda: get(spec, holder),
             lambda ctx: drop(ctx.env_id, holder),

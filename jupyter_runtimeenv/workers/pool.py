@@ -96,6 +96,7 @@ class Pool:
         self._counts_lock = threading.Lock()
         _live_pools.add(self)
         _register_atexit()
+        _notify()  # a new pool is a change the kernel's report shows
         threading.Thread(
             target=self._acquire, args=(acquire,), name=f"{name}-acquire", daemon=True
         ).start()

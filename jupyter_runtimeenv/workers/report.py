@@ -7,6 +7,10 @@ starts or dies, a task starts or ends, the default env changes; changes within
 workers (their memory changes). The server drops the report when the kernel stops. Nothing
 is sent when nothing changed; a failed POST is retried at the next change or interval, and
 never reaches the notebook (the sidebar is an observer).
+
+Who calls it: the public API calls ``install()`` once; from then on the reporter hears of
+changes by observing the session (``session.observe``) and the pools (``pool.observe``):
+nothing below reaches up to notify it.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import os
 import threading
 from typing import Any
 
+from .. import session
 from .pool import live_pools, observe
 
 log = logging.getLogger(__name__)
 
 _reporter: Reporter | None = None
 _disabled = False  # not a kernel of a server with the extension: never report
+_installed = False
 _lock = threading.Lock()
 
 
@@ -46,8 +52,6 @@ def rss_of(pid: int) -> int | None:
 
 def snapshot() -> dict[str, Any]:
     """The report as it would be sent now."""
-    from .api import default_runtime_env
-
     pools = []
     for pool in live_pools():
         stats = pool.stats()
@@ -57,7 +61,7 @@ def snapshot() -> dict[str, Any]:
         for worker in workers:
             worker["rss"] = rss_of(worker["pid"])
         pools.append(stats)
-    spec = default_runtime_env()
+    spec = session.default_runtime_env()
     return {
         "pools": pools,
         "runtime_env": spec.to_json() if spec is not None else None,
@@ -107,6 +111,18 @@ class Reporter:
             self._last = report
 
 
+def install() -> None:
+    """Report from now on: observe the session and the pools. Idempotent and cheap (the
+    reporter itself starts at the first change, and only in a kernel of a server)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    session.observe(notify)
+    observe(notify)
+
+
 def notify() -> None:
     """Something a report shows changed. Starts the reporter on first use in a kernel that
     uses the server's agent; elsewhere a no-op. Cheap: called from pools' threads."""
@@ -132,5 +148,4 @@ def _start() -> None:
             _disabled = True
             return
         reporter = _reporter = Reporter(client.report_sync)
-        observe(reporter.notify)
     reporter.notify()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_runtimeenv.workers import api
+from jupyter_runtimeenv import api
 from tests.dask.helpers import assert_no_env_workers
 from tests.wheelhouse import make_wheelhouse
 

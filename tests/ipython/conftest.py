@@ -11,9 +11,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 from wheelhouse import make_wheelhouse
 
+from jupyter_runtimeenv import api
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient, set_client
-from jupyter_runtimeenv.workers import api
 
 
 @pytest.fixture(scope="module")

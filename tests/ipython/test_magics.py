@@ -15,8 +15,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from wheelhouse import offline_installers
 
+from jupyter_runtimeenv import api
 from jupyter_runtimeenv.client import EmbeddedClient
-from jupyter_runtimeenv.workers import api
 
 
 def magic(shell: InteractiveShell, line: str) -> None:

@@ -13,7 +13,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from wheelhouse import offline_installers
 
-from jupyter_runtimeenv.workers import api, envs
+from jupyter_runtimeenv import api, session
+from jupyter_runtimeenv.workers import envs
 from jupyter_runtimeenv.workers.executor import resolve_for_driver
 
 
@@ -33,7 +34,7 @@ def test_a_named_env_is_used_by_remote_options_and_remote_cells(
     out = capsys.readouterr().out
     assert " ready: python " in out  # built eagerly, like the default
     shell.run_cell("%runtime_env --name blue --env-var EXTRA=1 --no-eager-install")  # merged
-    assert envs.lookup("blue").env_vars == {"WHO": "blue", "EXTRA": "1"}
+    assert session.lookup("blue").env_vars == {"WHO": "blue", "EXTRA": "1"}
     assert "EXTRA" not in (api.default_runtime_env() or {}).env_vars  # type: ignore[union-attr]
 
     shell.run_cell(
@@ -59,13 +60,13 @@ def test_the_cell_form_is_the_env_and_bad_bodies_change_nothing(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     shell.run_cell("%%runtime_env --name green --no-eager-install\nenv_vars:\n  A: '1'\n  B: '2'")
-    assert envs.lookup("green").env_vars == {"A": "1", "B": "2"}
+    assert session.lookup("green").env_vars == {"A": "1", "B": "2"}
     # Re-running an edited cell gives exactly the body (B is gone), flags merged over it.
     shell.run_cell(
         '%%runtime_env --name green --env-var C=3 --no-eager-install\n{"env_vars": {"A": "one"}}'
     )
-    assert envs.lookup("green").env_vars == {"A": "one", "C": "3"}
-    before = envs.lookup("green")
+    assert session.lookup("green").env_vars == {"A": "one", "C": "3"}
+    before = session.lookup("green")
     capsys.readouterr()
 
     for body, message in [
@@ -77,7 +78,7 @@ def test_the_cell_form_is_the_env_and_bad_bodies_change_nothing(
         shell.run_cell(f"%%runtime_env --name green\n{body}")
         line = one_error_line(capsys)
         assert message in line, line
-        assert envs.lookup("green") == before  # unchanged
+        assert session.lookup("green") == before  # unchanged
 
     shell.run_cell("%runtime_env --name 'bad name' --env-var A=1")
     assert "is not a valid env name" in one_error_line(capsys)

@@ -8,13 +8,13 @@ import time
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_runtimeenv.workers import api
+from jupyter_runtimeenv import api, session
 from jupyter_runtimeenv.workers.executor import LocalExecutor
 
 
 def test_an_eager_build_prestarts_the_worker_the_first_call_uses(shell: InteractiveShell) -> None:
     shell.run_line_magic("runtime_env", "--env-var EARLY=magic")
-    executor = api._session.get_executor()
+    executor = api._executor()
     assert isinstance(executor, LocalExecutor)
     [pool] = executor.pools
     deadline = time.monotonic() + 60
@@ -34,5 +34,5 @@ def test_an_eager_build_prestarts_the_worker_the_first_call_uses(shell: Interact
 
 def test_no_worker_is_prestarted_without_an_eager_build(shell: InteractiveShell) -> None:
     shell.run_line_magic("runtime_env", "--env-var EARLY=lazy --no-eager-install")
-    executor = api._session.executor
+    executor = session.executor()
     assert not isinstance(executor, LocalExecutor) or executor.pools == []

@@ -11,8 +11,9 @@ import psutil
 import pytest
 
 import jupyter_runtimeenv as jre
+from jupyter_runtimeenv import api
 from jupyter_runtimeenv.ipython.tasks import TaskProgress, TaskProgressWidget, count
-from jupyter_runtimeenv.workers import LocalExecutor, api
+from jupyter_runtimeenv.workers import LocalExecutor
 
 
 def alive(pid: int) -> bool:
@@ -95,7 +96,7 @@ def test_an_interrupt_cancels_the_tasks_and_kills_their_workers() -> None:
     deadline = time.monotonic() + 30
     while not all(f.running() for f in futures) and time.monotonic() < deadline:
         time.sleep(0.05)
-    executor = api._session.get_executor()
+    executor = api._executor()
     assert isinstance(executor, LocalExecutor)
     pids = [pid for pool in executor.pools for pid in pool.pids]
     assert pids

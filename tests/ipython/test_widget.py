@@ -16,13 +16,13 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from wheelhouse import offline_installers
 
+from jupyter_runtimeenv import api
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.errors import BuildError
 from jupyter_runtimeenv.ipython.magics import RuntimeEnvMagics
 from jupyter_runtimeenv.ipython.progress import build_now
 from jupyter_runtimeenv.ipython.widget import BuildStatusWidget, widgets_available
 from jupyter_runtimeenv.spec import parse
-from jupyter_runtimeenv.workers import api
 
 
 @pytest.fixture

@@ -277,7 +277,7 @@ async def test_declare_makes_the_notebooks_env_the_kernels_default(
         "import json as _jre_json\n"
         "from jupyter_runtimeenv.notebook_meta import declare as _jre_declare\n"
         f"_jre_declare(_jre_json.loads({spec!r}))\n"
-        "from jupyter_runtimeenv.workers.api import default_runtime_env\n"
+        "from jupyter_runtimeenv.session import default_runtime_env\n"
         "print(default_runtime_env().to_json()['working_dir'])"
     )
     kernel_id = await start_kernel(jp_fetch, "python3")

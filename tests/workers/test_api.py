@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_gone
 
-import jupyter_runtimeenv.workers as jre
+import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.errors import BuildError, RemoteTaskError
 from jupyter_runtimeenv.workers.executor import LocalExecutor

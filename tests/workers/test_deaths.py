@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import submit, wait_gone
 
-import jupyter_runtimeenv.workers as jre
+import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import BrokenWorker

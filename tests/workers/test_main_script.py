@@ -18,7 +18,7 @@ from conftest import wait_gone
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
-    import jupyter_runtimeenv.workers as jre
+    import jupyter_runtimeenv as jre
 
     jre.init(runtime_env={"env_vars": {"GREETING": "hi"}})
     offset = 10

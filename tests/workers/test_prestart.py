@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 from conftest import submit, wait_gone, worker_children
 
-import jupyter_runtimeenv.workers as jre
+import jupyter_runtimeenv as jre
 from jupyter_runtimeenv import parse
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.workers.executor import LocalExecutor

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import jupyter_runtimeenv.workers as jre
+import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import WorkerError, WorkerSetupError
 from jupyter_runtimeenv.plugins._uv import uv_bin
 from jupyter_runtimeenv.workers.executor import LocalExecutor

@@ -12,28 +12,33 @@ Users call these from a notebook (the kernel is the driver)::
     futures = [crunch.remote(i) for i in range(10)]
     jre.get(futures)                                     # or: await futures[0]
     crunch.options(runtime_env={"pip": ["numpy"]}).remote(3)
-    crunch.options(runtime_env="gpu").remote(3)     # a named env (``envs.declare``)
+    crunch.options(runtime_env="gpu").remote(3)     # a named env (``%runtime_env --name gpu``)
 
 The effective environment of a call is the session default (``init``), then the function's
 ``@remote(runtime_env=...)``, then ``.options(runtime_env=...)``, merged by ``spec.merge``
 (key by key; ``env_vars`` per variable). A name instead of a mapping (a named env,
 ``%runtime_env --name``) takes the default's place as the base the mappings merge over.
+
+The state (default env, named envs, executor) lives in ``session``, below this module; this
+module composes it with the executors (it makes the default ``LocalExecutor``, or a
+``DaskExecutor`` for a client) and wires the kernel's report to the server
+(``workers.report``) to the session and the pools.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from ..spec import RuntimeEnvSpec, merge, parse
-from . import envs, report
-from .executor import Executor, LocalExecutor
-from .future import RemoteFuture
-from .interrupt import interrupted
+from . import session
+from .spec import RuntimeEnvSpec, merge, parse
+from .workers import report
+from .workers.executor import Executor, LocalExecutor
+from .workers.future import RemoteFuture
+from .workers.interrupt import interrupted
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,24 +49,13 @@ EnvLike = RuntimeEnvSpec | Mapping[str, Any]
 EnvRef = EnvLike | str
 
 
-class _Session:
-    """The process-wide default environment and executor. Guarded by ``lock``."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.runtime_env: RuntimeEnvSpec | None = None
-        self.executor: Executor | None = None
-        self.owns_executor = False
-        self.generation = 0
-
-    def get_executor(self) -> Executor:
-        with self.lock:
-            if self.executor is None:
-                self.executor, self.owns_executor = LocalExecutor(), True
-            return self.executor
+# The kernel's report to the server follows the session and the pools (a no-op outside a
+# kernel of a server with the extension).
+report.install()
 
 
-_session = _Session()
+def _executor() -> Executor:
+    return session.executor_or(LocalExecutor)
 
 
 def init(runtime_env: EnvLike | None = None, executor: Executor | Any | None = None) -> None:
@@ -75,18 +69,12 @@ def init(runtime_env: EnvLike | None = None, executor: Executor | Any | None = N
     spec = None if runtime_env is None else _as_spec(runtime_env)
     owned = False
     if executor is not None and not isinstance(executor, Executor):
-        from ..dask import executor_for
+        from .dask import executor_for
 
         executor, owned = executor_for(executor), True
-    with _session.lock:
-        old = _session.executor if _session.owns_executor and executor is not None else None
-        _session.runtime_env = spec
-        if executor is not None:
-            _session.executor, _session.owns_executor = executor, owned
-        _session.generation += 1
+    old = session.replace(spec, executor, owned=owned)
     if old is not None:
         old.shutdown()
-    report.notify()  # the sidebar shows (and can save) the kernel's declared env
 
 
 def default_runtime_env() -> RuntimeEnvSpec | None:
@@ -94,8 +82,7 @@ def default_runtime_env() -> RuntimeEnvSpec | None:
 
     Who calls it: the ``%runtime_env`` magic, to show the default and merge over it.
     """
-    with _session.lock:
-        return _session.runtime_env
+    return session.default_runtime_env()
 
 
 def prestart(runtime_env: EnvLike | None = None) -> None:
@@ -103,18 +90,15 @@ def prestart(runtime_env: EnvLike | None = None) -> None:
     so that the first call does not wait for an interpreter start; the worker is stopped by
     the idle timeout if no call comes. Who calls it: the ``%runtime_env`` magic, once an
     eager build made the environment READY."""
-    spec = _session.runtime_env if runtime_env is None else _as_spec(runtime_env)
+    spec = session.default_runtime_env() if runtime_env is None else _as_spec(runtime_env)
     if spec is not None:
-        _session.get_executor().prestart(_merged(spec, None))
+        _executor().prestart(_merged(spec, None))
 
 
 def shutdown() -> None:
-    """Forget the session's settings; shut down the executor if the session created it."""
-    with _session.lock:
-        old = _session.executor if _session.owns_executor else None
-        _session.runtime_env, _session.executor, _session.owns_executor = None, None, False
-        _session.generation += 1
-    envs.clear()
+    """Forget the session's settings (default and named envs); shut down the executor if the
+    session created it."""
+    old = session.clear()
     if old is not None:
         old.shutdown()
 
@@ -137,9 +121,9 @@ class RemoteFunction(Generic[P, R]):
         #: The named env the overrides merge over (``None``: the session default).
         self._env_name = env_name
         if isinstance(runtime_env, str):
-            self._env_name, runtime_env = envs.check_name(runtime_env), None
+            self._env_name, runtime_env = session.check_name(runtime_env), None
         self._runtime_env = None if runtime_env is None else _as_spec(runtime_env)
-        self._memo: tuple[tuple[int, int], RuntimeEnvSpec] | None = None
+        self._memo: tuple[int, RuntimeEnvSpec] | None = None
         functools.update_wrapper(self, function)
 
     def __repr__(self) -> str:
@@ -154,7 +138,7 @@ class RemoteFunction(Generic[P, R]):
 
     def remote(self, *args: P.args, **kwargs: P.kwargs) -> RemoteFuture[R]:
         """Run the function in its environment; returns at once."""
-        executor = _session.get_executor()
+        executor = _executor()
         name = getattr(self._function, "__name__", "task")
         # Only executors that can lose a node (Dask) take ``retries``.
         extra: dict[str, Any] = {"retries": self._retries} if self._retries else {}
@@ -178,10 +162,13 @@ class RemoteFunction(Generic[P, R]):
         return RemoteFunction(self._function, env, again, env_name=name)
 
     def _effective_env(self) -> RuntimeEnvSpec:
-        memo, generation = self._memo, (_session.generation, envs.generation)
+        memo, generation = self._memo, session.generation()
         if memo is not None and memo[0] == generation:
             return memo[1]
-        base = _session.runtime_env if self._env_name is None else envs.lookup(self._env_name)
+        if self._env_name is None:
+            base = session.default_runtime_env()
+        else:
+            base = session.lookup(self._env_name)
         spec = _merged(base, self._runtime_env)
         self._memo = (generation, spec)
         return spec
@@ -205,7 +192,7 @@ def remote(
     retries: int = 0,
 ) -> RemoteFunction[P, R] | Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """``@remote``, ``@remote(runtime_env={...}, retries=N)`` or
-    ``@remote(runtime_env="NAME")`` on a function (a name: a named env, ``envs.declare``).
+    ``@remote(runtime_env="NAME")`` on a function (a name: a named env, ``session.declare``).
 
     ``retries``: on a Dask cluster, how many more times the call may run when its node is
     lost or its worker process dies (mark idempotent functions only). Locally unused.
@@ -293,7 +280,7 @@ def wait(
         raise ValueError("wait() got the same future twice")
     __tracebackhide__ = True
     if progress:
-        from ..ipython.tasks import TaskProgress
+        from .ipython.tasks import TaskProgress
 
         TaskProgress(futures).wait(num_returns, timeout)
         return _split(futures, num_returns)
