@@ -24,11 +24,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pathspec
+from ..spec.patterns import PatternError, PatternList, check_list
 
 #: Never part of a working_dir or py_module, whatever the spec says.
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
 RACY_SECONDS = 1.0
+#: A ``.gitignore`` larger than this, or with more patterns, is refused (``PatternError``).
+MAX_GITIGNORE_BYTES = 1 << 20
+MAX_GITIGNORE_PATTERNS = 10_000
 _CHUNK = 1 << 20
 _MEMO_MAX = 500_000
 
@@ -127,15 +130,39 @@ def hash_file(path: str, st: os.stat_result | None = None) -> str:
     return sha
 
 
-# (base dir, spec, whether any pattern can match a file): patterns ending in "/" match
-# directories only, and excluded directories are pruned, so files skip those specs.
-Matcher = tuple[str, pathspec.GitIgnoreSpec, bool]
+# (base dir, patterns, whether any pattern can match a file): patterns ending in "/" match
+# directories only, and excluded directories are pruned, so files skip those lists. The
+# first matcher of a walk is the spec's (default excludes + ``excludes``); the others are
+# ``.gitignore`` files, deeper last.
+Matcher = tuple[str, PatternList, bool]
 
 
 def _matcher(base: str, lines: Iterable[str]) -> Matcher:
-    kept = [line for line in lines if line.strip() and not line.startswith("#")]
-    files_too = any(not line.rstrip().endswith("/") for line in kept)
-    return (base, pathspec.GitIgnoreSpec.from_lines(kept), files_too)
+    # Linear-time matching, no regular expression (``spec.patterns``): a pattern can never
+    # make a walk backtrack for minutes while holding the GIL.
+    patterns = PatternList.from_lines(lines)
+    return (base, patterns, patterns.files_too)
+
+
+def _read_gitignore(path: str) -> list[str] | None:
+    """The lines of the ``.gitignore`` at ``path``; None if there is none, or if it is not a
+    regular file: like git (2.32+), a symlinked ``.gitignore`` is not followed, and a FIFO or
+    device is never opened for a blocking read. ``PatternError`` past the bounds."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None  # absent, a symlink (ELOOP), unreadable
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(MAX_GITIGNORE_BYTES + 1)
+    if len(data) > MAX_GITIGNORE_BYTES:
+        raise PatternError(f"{path} is larger than {MAX_GITIGNORE_BYTES} bytes")
+    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    if len(lines) > MAX_GITIGNORE_PATTERNS:
+        raise PatternError(f"{path}: {len(lines)} patterns, more than {MAX_GITIGNORE_PATTERNS}")
+    return lines
 
 
 def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "") -> Tree:
@@ -155,6 +182,7 @@ def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "
             FileEntry(name, root, blob_mode(st.st_mode), st.st_size, hash_file(root, st))
         )
     else:
+        check_list(excludes, "excludes")
         base = [_matcher("", [*DEFAULT_EXCLUDES, *excludes])]
         _walk(root, "", base, prefix, entries)
     return Tree(_digest(entries), tuple(entries))
@@ -168,10 +196,9 @@ def _walk(
     out: list[FileEntry],
 ) -> None:
     dirpath = os.path.join(root, rel_dir) if rel_dir else root
-    gitignore = os.path.join(dirpath, ".gitignore")
-    if os.path.isfile(gitignore):
-        with open(gitignore, encoding="utf-8", errors="replace") as f:
-            matchers = [*matchers, _matcher(rel_dir, f.read().splitlines())]
+    gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
+    if gitignore is not None:
+        matchers = [*matchers, _matcher(rel_dir, gitignore)]
     with os.scandir(dirpath) as it:
         children = sorted(it, key=lambda e: e.name)
     for child in children:
@@ -200,12 +227,18 @@ def _walk(
 
 
 def _ignored(rel: str, is_dir: bool, matchers: list[Matcher]) -> bool:
-    for base, spec, files_too in matchers:
+    # The spec's patterns exclude whatever a .gitignore says (as in Ray); among .gitignore
+    # files the deepest one with a matching pattern decides, so "!keep" in a subdirectory
+    # re-includes what a parent's .gitignore excluded (as in git).
+    base, patterns, files_too = matchers[0]
+    if (is_dir or files_too) and patterns.match(rel, is_dir):
+        return True
+    for base, patterns, files_too in reversed(matchers[1:]):
         if not is_dir and not files_too:
             continue
-        sub = rel[len(base) + 1 :] if base else rel
-        if spec.match_file(sub + "/" if is_dir else sub):
-            return True
+        decision = patterns.decide(rel[len(base) + 1 :] if base else rel, is_dir)
+        if decision is not None:
+            return decision
     return False
 
 

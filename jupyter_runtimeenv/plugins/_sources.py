@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import BuildError, SpecError
 from ..spec.paths import resolve_path
+from ..spec.patterns import PatternError
 from ..spec.ray import gcs_uri_reason
 from . import _remote
 from ._fetch import fetch
@@ -165,7 +166,10 @@ def _digest(
         if size > limit:
             raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
         return f"{kind}:{hash_file(location)}"
-    tree = tree_of(location, excludes, keep_name)
+    try:
+        tree = tree_of(location, excludes, keep_name)
+    except PatternError as exc:  # a .gitignore past its bounds
+        raise SpecError(field, str(exc)) from None
     _trees[tree.digest] = tree
     while len(_trees) > 16:
         _trees.pop(next(iter(_trees)))

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..context import ContextBuilder
 from ..errors import SpecError
+from ..spec.policy import MAX_IMPORT_PATH
 from .base import BuildContext, RuntimeEnvPlugin
 
 #: What the bootstrap reads: JSON ``{"import": path}`` or ``{"pickle": file, "name": ...}``.
@@ -66,9 +67,10 @@ class SetupHookPlugin(RuntimeEnvPlugin):
 
     def validate(self, value: Any) -> str | dict[str, str]:
         if isinstance(value, str):
-            if not _IMPORT_PATH.fullmatch(value):
+            if len(value) > MAX_IMPORT_PATH or not _IMPORT_PATH.fullmatch(value):
+                shown = value if len(value) <= 80 else value[:77] + "..."
                 raise SpecError(
-                    "", f"{value!r} is not an import path like 'package.module.function'"
+                    "", f"{shown!r} is not an import path like 'package.module.function'"
                 )
             return value
         if isinstance(value, dict) and set(value) == {"name", "pickled"}:

@@ -15,6 +15,7 @@ from ..errors import SpecError
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
+from .patterns import MAX_PATTERN_CHARS, MAX_PATTERNS
 from .policy import SpecPolicy, applying, current_policy
 from .ray import RAY_INTERNAL, ray_only_reason
 from .strict_json import loads_strict
@@ -264,14 +265,31 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
 
 
 def _parse_excludes(value: Any) -> list[str]:
+    # Bounded here, before any tree is walked: patterns are matched against every file of
+    # working_dir/py_modules (in linear time, see ``patterns``), so their number and length
+    # bound the work of a request.
     if not isinstance(value, list):
         raise SpecError(
             "excludes", f"expected a list of gitignore-style patterns, got {type(value).__name__}"
         )
+    if len(value) > MAX_PATTERNS:
+        raise SpecError("excludes", f"{len(value)} patterns; at most {MAX_PATTERNS} are accepted")
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item:
-            raise SpecError(f"excludes.{i}", f"expected a non-empty pattern string, got {item!r}")
+            raise SpecError(
+                f"excludes.{i}", f"expected a non-empty pattern string, got {_short(item)}"
+            )
+        if len(item) > MAX_PATTERN_CHARS:
+            raise SpecError(
+                f"excludes.{i}",
+                f"a pattern of {len(item)} characters; at most {MAX_PATTERN_CHARS} are accepted",
+            )
     return list(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def merge(

@@ -9,12 +9,16 @@ file when imported).
 from __future__ import annotations
 
 import json
+import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_process import JupyterProcess
 
 from tests.security.hostile import MARKER_VAR, PACKAGE
 from tests.server.jupyter_fixtures import *  # noqa: F403
@@ -82,3 +86,48 @@ def alive(raw: Raw) -> Callable[[], Awaitable[None]]:
         assert body["started"] is True
 
     return check
+
+
+@pytest.fixture
+def server_process(tmp_path: Path, cache_dir: Path) -> Iterator[JupyterProcess]:
+    """A real ``jupyter server`` with the extension, in its own process (its root: ``tmp_path /
+    "root"``): for threats that would freeze a server in the test's own process (the GIL, its
+    event loop) or that need signals. Stopped (SIGTERM, then SIGKILL) after the test."""
+    root = tmp_path / "root"
+    root.mkdir()
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIMEENV_CACHE": str(cache_dir),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+    }
+    server = JupyterProcess(
+        "jupyter_server",
+        root,
+        tmp_path / "server.log",
+        env=env,
+        args=[
+            "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
+            f"--RuntimeEnvExtension.cache_dir={cache_dir}",
+        ],
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def answers_within(server: JupyterProcess, path: str, seconds: float) -> int:
+    """The HTTP status of GET ``path`` (from the server's base URL), or an ``AssertionError``
+    if the server does not answer within ``seconds``."""
+    request = urllib.request.Request(
+        server.url + path, headers={"Authorization": f"token {server.token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (TimeoutError, urllib.error.URLError) as exc:
+        raise AssertionError(f"GET {path}: no answer within {seconds} s ({exc})") from None
