@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import wait_gone
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import BrokenWorker, BuildError, RemoteTaskError
@@ -227,12 +228,4 @@ def _wait_for_pid(marker: Path, timeout: float = 120.0) -> int:
 
 
 def _gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
+    return not wait_gone([pid], timeout)

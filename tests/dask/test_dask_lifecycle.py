@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import alive, descendants
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import BrokenWorker
@@ -59,7 +60,7 @@ def test_cluster_closes_with_no_process_left_behind(own_cluster: Any, tmp_path: 
     # everything below them.
     spawned = set(dask_workers)
     for pid in dask_workers:
-        spawned |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        spawned |= {p.pid for p in descendants(pid)}
     assert set(env_workers) <= spawned
 
     executor.shutdown()
@@ -179,7 +180,4 @@ def _describe(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return alive(pid)

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+from processes import alive
 
 
 @pytest.fixture
@@ -47,13 +47,6 @@ def execute(
 
 def streamed(messages: list[dict[str, Any]]) -> str:
     return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_output_streams_while_the_cell_runs_and_results_are_rich(

@@ -7,20 +7,13 @@ import signal
 import threading
 import time
 
-import psutil
 import pytest
+from processes import alive
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv import api
 from jupyter_runtimeenv.ipython.tasks import TaskProgress, TaskProgressWidget, count
 from jupyter_runtimeenv.workers import LocalExecutor
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @jre.remote

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import alive
 
 from jupyter_runtimeenv.agent.events import Event
 from jupyter_runtimeenv.errors import BuildError, BuildTimeout, SpecError
@@ -270,8 +271,7 @@ async def test_deadline_kills_a_hung_install(
     assert "pip" in info.value.step
     assert pid_file.exists(), "the build backend never started"
     pid = int(pid_file.read_text())
-    gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert gone, "the hung build backend is still running"
+    assert not alive(pid), "the hung build backend is still running"
     hung = [
         p
         for p in psutil.process_iter(["cmdline"])

@@ -13,7 +13,6 @@ Everything here is real: the CLI and the server are subprocesses, the build is a
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import psutil
 import pytest
 from jupyter_process import JupyterProcess
@@ -64,12 +64,8 @@ def spawned() -> Iterator[list[subprocess.Popen[Any]]]:
     procs: list[subprocess.Popen[Any]] = []
     yield procs
     for proc in procs:
-        with_tree: list[psutil.Process] = []
-        with contextlib.suppress(psutil.NoSuchProcess):
-            with_tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
-        for p in with_tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+        for p in [*processes.descendants(proc.pid), proc.pid]:
+            processes.kill(p)
         proc.wait(30)
 
 
@@ -96,7 +92,7 @@ def installers_of(owner: int, pid_file: Path) -> list[psutil.Process]:
     wait_until(pid_file.exists, "the build backend to start")
     wait_until(lambda: pid_file.read_text().strip() != "", "the pid file")
     backend = int(pid_file.read_text())
-    tree = psutil.Process(owner).children(recursive=True)
+    tree = processes.descendants(owner)
     assert backend in [p.pid for p in tree], "the build backend is not the owner's descendant"
     # Their own session: a signal to the owner does not reach them by itself.
     assert {os.getsid(p.pid) for p in tree} != {os.getsid(owner)}
@@ -104,14 +100,7 @@ def installers_of(owner: int, pid_file: Path) -> list[psutil.Process]:
 
 
 def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
+    return [p for p in procs if processes.alive(p)]
 
 
 def all_gone(procs: list[psutil.Process], timeout: float = 15) -> list[psutil.Process]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import wait_gone
 
 from jupyter_runtimeenv.server.events import SCHEMA_ID
 from tests.server.jupyter_fixtures import API
@@ -114,15 +115,10 @@ async def test_the_server_stops_clean_killing_builds(jp_fetch: Any, jp_serverapp
 
     await jp_serverapp._cleanup()  # what the server runs when it stops
 
-    _gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in _alive(builders)], timeout=5)
-    assert not alive
+    assert not wait_gone(builders, timeout=5)
     assert {p.pid for p in me.children(recursive=True)} - before == set()
     assert "JUPYTER_RUNTIMEENV_URL" not in os.environ
     ext = jp_serverapp.web_app.settings["jupyter_runtimeenv"]
     assert ext.agent_started is False
     assert env["state"] in ("PENDING", "BUILDING")
     assert ext.state_counts() == {"FAILED": 1}  # the build was cancelled, not left running
-
-
-def _alive(pids: set[int]) -> list[int]:
-    return [pid for pid in pids if psutil.pid_exists(pid)]

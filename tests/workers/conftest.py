@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import psutil
 import pytest
 
@@ -29,28 +30,15 @@ from jupyter_runtimeenv.workers.serialize import dump_call
 
 def worker_children() -> list[psutil.Process]:
     """Our live worker processes (children running the bootstrap)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if any(part.endswith("_entry.py") for part in child.cmdline()) and (
-                child.status() != psutil.STATUS_ZOMBIE
-            ):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return found
+    return [
+        child
+        for child in processes.descendants()
+        if any(part.endswith("_entry.py") for part in processes.cmdline(child))
+    ]
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [
-            p
-            for p in alive
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
-        time.sleep(0.02)
+    alive = processes.wait_gone(pids, timeout)
     assert not alive, f"processes still alive: {alive}"
 
 
@@ -60,7 +48,7 @@ def no_leaked_workers() -> Iterator[None]:
     api.shutdown()
     leftovers = worker_children()
     for proc in leftovers:
-        proc.kill()
+        processes.kill(proc)
     assert not leftovers, f"worker processes left behind: {[p.pid for p in leftovers]}"
     # Every process we started was waited for: no zombie either (a grace for reader
     # threads still reaping a worker that just died).

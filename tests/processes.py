@@ -1,0 +1,88 @@
+"""Looking at processes from tests, on a machine where they may exit at any moment.
+
+Every question about another process is a race: between ``pid_exists`` and ``Process(pid)``,
+between ``children()`` and ``cmdline()``, the process can exit (and be reaped), or its pid
+can be taken by another. These helpers ask each question once, inside one ``try``, and
+treat a process that vanished at any step (``NoSuchProcess``), or that is a zombie, as gone.
+A process we may not inspect (``AccessDenied``) is not ours to wait for: also gone for them.
+
+Imported by tests as ``from processes import alive, wait_gone, ...`` (``tests/`` is on
+``sys.path``, like ``wheelhouse``); a name of its own, so it never shadows a folder's
+``conftest``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+
+import psutil
+
+__all__ = ["alive", "children", "cmdline", "descendants", "kill", "wait_for", "wait_gone"]
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+def alive(pid: int | psutil.Process) -> bool:
+    """Whether ``pid`` runs now: it exists and is not a zombie."""
+    try:
+        proc = pid if isinstance(pid, psutil.Process) else psutil.Process(pid)
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except _GONE:
+        return False
+
+
+def children(pid: int | None = None, *, recursive: bool = False) -> list[psutil.Process]:
+    """The live children of ``pid`` (default: this process); ``[]`` if it is gone."""
+    try:
+        proc = psutil.Process(os.getpid() if pid is None else pid)
+        found = proc.children(recursive=recursive)
+    except _GONE:
+        return []
+    return [child for child in found if alive(child)]
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """The live descendants of ``pid`` (default: this process)."""
+    return children(pid, recursive=True)
+
+
+def cmdline(proc: int | psutil.Process) -> list[str]:
+    """The command line of ``proc``; ``[]`` if it is gone or a zombie."""
+    try:
+        process = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return list(process.cmdline())
+    except _GONE:
+        return []
+
+
+def kill(proc: int | psutil.Process) -> None:
+    """SIGKILL ``proc`` if it still runs."""
+    try:
+        process = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        process.kill()
+    except _GONE:
+        pass
+
+
+def wait_gone(pids: Iterable[int | psutil.Process], timeout: float = 10.0) -> list[int]:
+    """Wait up to ``timeout`` seconds for every process to be gone; returns the pids still
+    alive then (empty when all are gone). Tests assert on the result."""
+    pending = [p.pid if isinstance(p, psutil.Process) else p for p in pids]
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [pid for pid in pending if alive(pid)]
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(0.02)
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> None:
+    """Poll ``condition()`` until it is true; ``AssertionError`` naming ``what`` after
+    ``timeout`` seconds (a bounded wait, never a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or condition}")
+        time.sleep(0.02)
