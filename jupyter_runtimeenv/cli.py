@@ -62,6 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("name")
     install.add_argument("spec", help="a spec file (YAML or JSON), or inline JSON")
     install.add_argument("--display-name", default=None)
+    install.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="start the kernel on a node of the Dask cluster at this scheduler address",
+    )
+    install.add_argument(
+        "--node-cache-dir",
+        metavar="DIR",
+        default=None,
+        help="with --dask: each node's cache root ({name} and {id}: the Dask worker's)",
+    )
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", default=True)
     where.add_argument("--prefix", default=None)
@@ -230,8 +242,11 @@ def _install_kernelspec(args: argparse.Namespace) -> int:
         display_name=args.display_name,
         user=args.prefix is None,
         prefix=args.prefix,
+        dask=args.dask,
+        node_cache_dir=args.node_cache_dir,
     )
-    print(f"installed kernelspec {args.name} in {path}")
+    where = f" (kernels on the Dask cluster at {args.dask})" if args.dask else ""
+    print(f"installed kernelspec {args.name} in {path}{where}")
     return 0
 
 

@@ -13,6 +13,7 @@
     ├── WorkerError                  a worker process failed to start or to talk
     │   ├── BrokenWorker             a worker died or broke the protocol mid-task
     │   └── WorkerSetupError         the spec's worker_process_setup_hook raised in a worker
+    ├── KernelStartError             a kernel on a Dask node could not start (names the node)
     ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
     └── RemoteTaskError              the task raised; renders the remote traceback
 
@@ -36,6 +37,7 @@ __all__ = [
     "EnvInUse",
     "EnvNotFound",
     "InvalidName",
+    "KernelStartError",
     "PluginNotFound",
     "RemoteInterrupt",
     "RemoteTaskError",
@@ -204,6 +206,31 @@ class WorkerSetupError(WorkerError):
         super().__init__(message)
         self.hook = hook
         self.traceback = traceback
+
+
+class KernelStartError(RuntimeEnvError):
+    """A kernel on a Dask node could not be started: the scheduler cannot be reached, it has
+    no workers, the env failed to build on the node, or the kernel did not come up in time.
+
+    ``str()`` is one line naming the node (``node`` is ``""`` before one was picked);
+    ``detail`` holds more lines (an installer's output tail, the kernel's last output).
+    """
+
+    def __init__(self, message: str, *, node: str = "", detail: Sequence[str] = ()) -> None:
+        self.message = message
+        self.node = node
+        self.detail = list(detail)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_kernel_start_error, (self.message, self.node, self.detail))
+
+
+def _rebuild_kernel_start_error(message: str, node: str, detail: list[str]) -> KernelStartError:
+    return KernelStartError(message, node=node, detail=detail)
 
 
 class SerializationError(RuntimeEnvError, TypeError):

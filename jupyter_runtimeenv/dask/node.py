@@ -26,8 +26,9 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from distributed import WorkerPlugin, get_worker
 from distributed.worker import Worker
@@ -45,6 +46,7 @@ from .manifest import Manifest, materialize_manifest, missing, put_blob
 log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "jupyter-runtimeenv-node"
+T = TypeVar("T")
 _holders = itertools.count(1)
 
 
@@ -174,6 +176,22 @@ class NodeAgent:
             mine = [key for key in self._pools if key[0] == owner]
             pools = [self._pools.pop(key) for key in mine]
         await asyncio.to_thread(_close, pools)
+
+    async def on_agent_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the agent's loop thread (the agent's own loop). Called by
+        ``node_kernels``."""
+        thread = self._thread
+        if thread is None or self._stopped:
+            coro.close()
+            raise WorkerError(f"the node agent of Dask worker {self.address} is stopped")
+        return await thread.run_async(coro)
+
+    def spec_of(self, token: str) -> dict[str, Any] | None:
+        """The staged spec of ``token`` (node paths), or ``None`` when it is not staged.
+        Called by ``node_kernels`` to build a kernel's env with the kernel as holder."""
+        with self._lock:
+            spec = self._staged.get(token)
+        return None if spec is None else dict(spec)
 
     def info(self) -> dict[str, Any]:
         with self._lock:

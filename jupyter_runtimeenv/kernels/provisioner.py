@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,17 +31,9 @@ from ..errors import RuntimeEnvError
 from ..server.app import kernel_holder, local_agent
 from ..server.client import KERNEL_ID_VAR
 from ..spec import TRUSTED
+from .command import kernel_command
 
 PROVISIONER_NAME = "runtime-env-provisioner"
-
-#: Puts the env's sys.path entries first, then runs the module as ``python -m`` would.
-BOOTSTRAP = (
-    "import json, os, runpy, sys;"
-    f"sys.path[0:0] = [p for p in json.loads(os.environ.get({SYS_PATH_VAR!r}) or '[]')"
-    " if p not in sys.path];"
-    "m = sys.argv[1]; sys.argv = [m] + sys.argv[2:];"
-    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
-)
 
 _CHECK_IPYKERNEL = (
     "import json, os, sys;"
@@ -123,28 +114,6 @@ def spec_for_kernel(runtime_env: Mapping[str, Any], argv: list[str]) -> dict[str
     ):
         spec["driver_python"] = python
     return spec
-
-
-def kernel_command(ctx: EnvContext, cmd: list[str]) -> list[str]:
-    """The kernelspec's argv started in ``ctx``.
-
-    ``argv[0]`` must be a Python interpreter (``python``, ``python3``, ``{sys.executable}``):
-    it is replaced by the env's. ``python -m module ...`` goes through the sys.path bootstrap
-    when the env has sys.path entries.
-    """
-    if not cmd or not _is_python(cmd[0]):
-        raise RuntimeEnvError(
-            f"the kernelspec's argv must start with a Python interpreter, got {cmd[:1]!r}"
-        )
-    args = list(cmd[1:])
-    if ctx.sys_path and len(args) >= 2 and args[0] == "-m":
-        args = ["-c", BOOTSTRAP, *args[1:]]
-    return compose(ctx, args)
-
-
-def _is_python(arg: str) -> bool:
-    name = os.path.basename(arg).lower()
-    return arg == sys.executable or name.startswith("python") or name == "{python}"
 
 
 async def _ensure_ipykernel(ctx: EnvContext, env: dict[str, str]) -> None:

@@ -17,8 +17,9 @@ from jupyter_runtimeenv.client import EmbeddedClient, set_client
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import RuntimeEnvError, SpecError
 from jupyter_runtimeenv.kernels import PROVISIONER_NAME, install_kernelspec
+from jupyter_runtimeenv.kernels.command import BOOTSTRAP, kernel_command
 from jupyter_runtimeenv.kernels.kernelspec import with_ipykernel
-from jupyter_runtimeenv.kernels.provisioner import BOOTSTRAP, kernel_command, spec_for_kernel
+from jupyter_runtimeenv.kernels.provisioner import spec_for_kernel
 
 
 @pytest.fixture

@@ -1,0 +1,248 @@
+"""Kernels on a Dask node, end to end: a real scheduler and two ``dask worker`` subprocesses
+on 127.0.0.1 (each with its own cache root), a kernelspec made with ``--dask``, driven
+through ``jupyter_client.KernelManager`` like any kernel.
+
+Proves issue 18's lifecycle: the kernel is a descendant of a Dask worker process (not of
+this process), runs in the env built on that node, streams stdout/stderr and rich output,
+is interrupted through the node agent, restarts on its node, leaves no process at shutdown
+and releases its env there; its ports, files and key are kept to the node and its owner.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+from jupyter_runtimeenv.kernels import install_kernelspec
+from tests.kernels.dask_nodes import DaskNodes, alive, ancestors, wait_until
+from tests.wheelhouse import make_wheelhouse
+
+pytest.importorskip("distributed")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskNodes]:
+    root = tmp_path_factory.mktemp("cluster")
+    wheelhouse = make_wheelhouse(root / "wheelhouse")
+    offline = {
+        "UV_NO_INDEX": "1",
+        "UV_FIND_LINKS": str(wheelhouse),
+        "UV_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheelhouse),
+    }
+    cluster = DaskNodes(root, env=offline)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def kernel_manager(prefix: Path, name: str) -> KernelManager:
+    specs = KernelSpecManager(kernel_dirs=[str(prefix / "share" / "jupyter" / "kernels")])
+    return KernelManager(kernel_name=name, kernel_spec_manager=specs)
+
+
+def run(
+    client: BlockingKernelClient, code: str, timeout: float = 120
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    messages: list[dict[str, Any]] = []
+    reply = client.execute_interactive(code, output_hook=messages.append, timeout=timeout)
+    return reply["content"], messages
+
+
+def stream(messages: list[dict[str, Any]], name: str) -> str:
+    return "".join(
+        m["content"]["text"]
+        for m in messages
+        if m["msg_type"] == "stream" and m["content"]["name"] == name
+    )
+
+
+@pytest.fixture
+def started(
+    nodes: DaskNodes, tmp_path: Path
+) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
+    install_kernelspec(
+        "on-cluster", {"env_vars": {"K": "from-the-spec"}}, prefix=str(tmp_path), dask=nodes.address
+    )
+    km = kernel_manager(tmp_path, "on-cluster")
+    km.start_kernel()
+    client = km.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        yield km, client
+    finally:
+        client.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
+def test_the_kernel_runs_on_a_node_in_its_env_and_shutdown_leaves_nothing(
+    nodes: DaskNodes, started: tuple[KernelManager, BlockingKernelClient]
+) -> None:
+    km, client = started
+    reply, messages = run(client, 'import os, sys; print(os.environ["K"], os.getpid())')
+    assert reply["status"] == "ok", reply
+    value, pid_text = stream(messages, "stdout").split()
+    assert value == "from-the-spec"
+    pid = int(pid_text)
+    workers = nodes.worker_pids()
+    node = km.provisioner.node  # type: ignore[union-attr]
+    assert node in workers
+    assert ancestors(pid)[0] == workers[node]  # a child of that Dask worker, not of this
+    assert km.connection_file
+    assert json.loads(Path(km.connection_file).read_text())["ip"] == "127.0.0.1"
+
+    # The env was built on that node, with the kernel as its holder there.
+    held = [e for e in nodes.node_envs()[node] if f"kernel:{km.kernel_id}" in e["holders"]]
+    assert len(held) == 1
+    assert held[0]["state"] == "READY"
+
+    km.shutdown_kernel()
+    wait_until(lambda: not alive(pid), 30, "the kernel process to end")
+    assert km.kernel_id not in nodes.node_kernels()[node]
+    envs = nodes.node_envs()[node]
+    assert all(f"kernel:{km.kernel_id}" not in e["holders"] for e in envs)
+
+
+def test_stdout_stderr_and_rich_output_come_back(
+    started: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    _, client = started
+    code = (
+        "import sys\n"
+        "from IPython.display import HTML, display\n"
+        "print('to stdout'); print('to stderr', file=sys.stderr)\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "6 * 7"
+    )
+    reply, messages = run(client, code)
+    assert reply["status"] == "ok"
+    assert stream(messages, "stdout") == "to stdout\n"
+    assert stream(messages, "stderr") == "to stderr\n"
+    displays = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+    assert displays == [
+        {"text/html": "<b>bold</b>", "text/plain": "<IPython.core.display.HTML object>"}
+    ]
+    results = [m["content"]["data"] for m in messages if m["msg_type"] == "execute_result"]
+    assert results == [{"text/plain": "42"}]
+
+
+def test_interrupt_stops_a_sleep_through_the_node_agent(
+    started: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    km, client = started
+    msg_id = client.execute("import time; print('sleeping', flush=True); time.sleep(60)")
+    wait_until(lambda: _printed(client, msg_id), 60, "the cell to start sleeping")
+    started_at = time.monotonic()
+    km.interrupt_kernel()
+    # Bounded well under the sleep: only the interrupt can end the cell this soon. The
+    # latency itself is measured in benchmarks/bench_remote_kernel.py.
+    reply = client.get_shell_msg(timeout=30)
+    elapsed = time.monotonic() - started_at
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt", (reply["content"], elapsed)
+    # The kernel lives on (ipykernel aborts requests that arrive just after an error).
+    wait_until(lambda: run(client, "1 + 1")[0]["status"] == "ok", 30, "the kernel to answer")
+
+
+def _printed(client: BlockingKernelClient, msg_id: str) -> bool:
+    try:
+        msg = client.get_iopub_msg(timeout=0.2)
+    except Exception:
+        return False
+    return msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream"
+
+
+def test_restart_starts_a_fresh_kernel_on_the_same_node(
+    nodes: DaskNodes, started: tuple[KernelManager, BlockingKernelClient]
+) -> None:
+    km, client = started
+    _reply, messages = run(client, "import os; x = 1; print(os.getpid())")
+    first = int(stream(messages, "stdout"))
+    node = km.provisioner.node  # type: ignore[union-attr]
+    ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port]
+
+    km.restart_kernel()
+    wait_until(lambda: not alive(first), 30, "the old kernel to end")
+    assert km.provisioner.node == node  # type: ignore[union-attr]
+    fresh = km.blocking_client()
+    fresh.start_channels()
+    try:
+        fresh.wait_for_ready(timeout=120)
+        _reply, messages = run(fresh, "import os; print(os.getpid(), 'x' in globals())")
+        pid, has_x = stream(messages, "stdout").split()
+    finally:
+        fresh.stop_channels()
+    assert int(pid) != first
+    assert has_x == "False"
+    assert nodes.worker_pids()[node] in ancestors(int(pid))
+    # Its ports were free again, so the restarted kernel took them (clients keep working).
+    assert [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port] == ports
+
+
+def test_ports_files_and_key_stay_with_the_node_and_its_owner(
+    nodes: DaskNodes,
+    started: tuple[KernelManager, BlockingKernelClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    km, client = started
+    _reply, messages = run(client, "import os; print(os.getpid())")
+    pid = int(stream(messages, "stdout"))
+    node = km.provisioner.node  # type: ignore[union-attr]
+    listening = {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(pid).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    ports = {km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port}
+    assert ports <= {port for _, port in listening}
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}  # the node's address, never 0.0.0.0
+
+    directory = Path(nodes.node_kernels()[node][km.kernel_id]["directory"])
+    # Owner-only (ipykernel adds the sticky bit to a connection file's directory).
+    assert stat.S_IMODE(directory.stat().st_mode) & 0o777 == 0o700
+    assert stat.S_IMODE(directory.parent.stat().st_mode) == 0o700
+    connection = directory / "connection.json"
+    assert stat.S_IMODE(connection.stat().st_mode) == 0o600
+    key = json.loads(connection.read_text())["key"]
+    assert key.encode() == km.session.key
+    assert len(key) == 64
+
+    logs = [p.read_text(errors="replace") for p in nodes.logs]
+    logs.append((directory / "kernel.log").read_text(errors="replace"))
+    logs.append(caplog.text)
+    assert all(key not in text for text in logs)
+
+
+def test_a_node_with_the_env_ready_is_picked_else_the_least_loaded(
+    nodes: DaskNodes, tmp_path: Path
+) -> None:
+    install_kernelspec("env-a", {"env_vars": {"E": "a"}}, prefix=str(tmp_path), dask=nodes.address)
+    install_kernelspec("env-b", {"env_vars": {"E": "b"}}, prefix=str(tmp_path), dask=nodes.address)
+    managers = [kernel_manager(tmp_path, name) for name in ("env-a", "env-a", "env-b")]
+    try:
+        for km in managers:
+            km.start_kernel()
+        first, again, other = (km.provisioner.node for km in managers)  # type: ignore[union-attr]
+        assert again == first  # env a is READY there
+        assert other != first  # env b is READY nowhere: the node without kernels
+        assert {first, other} == set(nodes.worker_pids())
+    finally:
+        for km in managers:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
