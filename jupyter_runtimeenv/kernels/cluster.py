@@ -229,6 +229,22 @@ class KernelEvents:
             with contextlib.suppress(RuntimeError):  # the server's loop closed
                 self.loop.call_soon_threadsafe(self._emit, payload)
 
+    def relay(self, message: dict[str, Any]) -> None:
+        """Publish a build event the node sent (``node_kernels._Forwarder``): the env's state,
+        a step's start and end, installer lines. Anything else is dropped."""
+        kind = str(message.get("kind", ""))
+        extra: dict[str, Any] = {
+            k: message.get(k) for k in ("env_id", "state", "step", "status", "label")
+        }
+        if kind == "log":
+            lines = [str(line) for line in message.get("lines", [])][-200:]
+            self.emit("log", lines=lines, step=extra["step"], env_id=extra["env_id"])
+        elif kind == "step":
+            label = extra["label"] or extra["step"]
+            self.emit("step", f"on Dask worker {self.node}: {label}: {extra['status']}", **extra)
+        elif kind == "state" and extra["state"] in ("PENDING", "BUILDING", "READY", "FAILED"):
+            self.emit("state", **extra)
+
     def _emit(self, payload: dict[str, Any]) -> None:
         if self.logger is None:
             return

@@ -34,7 +34,6 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, cast
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -42,6 +41,7 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Dict, Float, Unicode
 
 from ..errors import KernelStartError, RuntimeEnvError
+from . import placement
 from .cluster import ClusterLink, KernelEvents
 
 PROVISIONER_NAME = "runtime-env-dask-provisioner"
@@ -90,7 +90,6 @@ class DaskKernelProvisioner(KernelProvisionerBase):
 
     _link: ClusterLink | None = None
     _events: KernelEvents | None = None
-    _token: str = ""
     _running: bool = False
     _stopping: bool = False
     _exit: int | None = None
@@ -309,8 +308,7 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         return self._events if self._events is not None else self._events_for_start()
 
     async def _prepare(self, events: KernelEvents) -> None:
-        from ..dask.manifest import build_manifest
-        from ..spec import parse
+        from ..dask.node_kernels import node_kernel_build
 
         if not self.scheduler:
             raise KernelStartError(
@@ -326,12 +324,14 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             self._link.subscribe(self.topic, self._on_node_event)
         link = self._link
         await asyncio.to_thread(link.ensure_plugins, self.node_cache_dir)
-        spec = await asyncio.to_thread(parse, dict(self.runtime_env))
-        store = await _store_root()
-        manifest = await asyncio.to_thread(build_manifest, spec, store)
-        self._token = manifest.token
-        node = await self._place(link, events)
+        manifest, store = await placement.manifest_for(self.runtime_env)
+        node, reason = await placement.place(link, manifest.token, self.scheduler, self.node)
+        if node != self.node:
+            self._drop_watch()
+            self.node = node
         events.node = node
+        if reason is not None:
+            events.emit("placed", f"placed on Dask worker {node} ({reason})")
         if self._unwatch is None:
             self._watch()
         size = manifest.size
@@ -340,10 +340,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             f"staging the environment on Dask worker {node} ({size} bytes of local files)",
             bytes=size,
         )
-        await self._stage(link, manifest, node, store)
+        await placement.stage_on(link, manifest, node, store)
         events.emit("state", f"building the environment on Dask worker {node}", state="BUILDING")
-        from ..dask.node_kernels import node_kernel_build
-
         built = await self._call(node_kernel_build, self.kernel_id, manifest.token, self.topic)
         self.env_id = str(built["env_id"])
         events.emit(
@@ -352,41 +350,6 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             state="READY",
             env_id=self.env_id,
         )
-
-    async def _place(self, link: ClusterLink, events: KernelEvents) -> str:
-        from ..dask.node_kernels import node_kernel_load
-
-        nodes = await asyncio.to_thread(link.nodes)
-        if self.node is not None and self.node in nodes:
-            return self.node  # a restart stays on its node while it lives
-        if self.node is not None:
-            self._drop_watch()
-        if not nodes:
-            raise KernelStartError(f"the Dask scheduler {self.scheduler} has no workers")
-        answers = await asyncio.to_thread(link.run_all, node_kernel_load, self._token, nodes=nodes)
-        loads = {n: a for n, a in answers.items() if isinstance(a, dict)}
-        if not loads:
-            why = "; ".join(f"{n}: {a}" for n, a in sorted(answers.items()))
-            raise KernelStartError(
-                f"no Dask worker of {self.scheduler} could take the kernel: {why}"
-            )
-        ready = [n for n, a in loads.items() if a.get("ready")]
-        choice = min(ready or list(loads), key=lambda n: _load_key(n, loads[n]))
-        self.node = choice
-        reason = "its environment is READY there" if ready else "the least loaded node"
-        events.node = choice
-        events.emit("placed", f"placed on Dask worker {choice} ({reason})")
-        return choice
-
-    async def _stage(self, link: ClusterLink, manifest: Any, node: str, store: Path) -> None:
-        from ..dask.transfer import stage
-
-        staged = await asyncio.to_thread(stage, link.client, manifest, [node], store)
-        if node not in staged.nodes:
-            why = staged.errors.get(node, "it did not take the files")
-            raise KernelStartError(
-                f"staging the kernel's environment on Dask worker {node} failed: {why}", node=node
-            )
 
     async def _call(
         self, function: Callable[..., Any], *args: Any, timeout: float | None = None
@@ -452,19 +415,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             if self._running and message.get("pid") == self.pid:
                 self._exited(int(message.get("code", -1)))
             return
-        if events is None or kind not in ("state", "step", "log"):
-            return
-        extra: dict[str, Any] = {
-            k: message.get(k) for k in ("env_id", "state", "step", "status", "label")
-        }
-        if kind == "log":
-            lines = [str(line) for line in message.get("lines", [])][-200:]
-            events.emit("log", lines=lines, step=extra["step"], env_id=extra["env_id"])
-        elif kind == "step":
-            label = extra["label"] or extra["step"]
-            events.emit("step", f"on Dask worker {self.node}: {label}: {extra['status']}", **extra)
-        elif extra.get("state") in ("PENDING", "BUILDING", "READY", "FAILED"):
-            events.emit("state", **extra)
+        if events is not None:
+            events.relay(message)
 
     def _exited(self, code: int) -> None:
         if self._exit is not None:
@@ -504,16 +456,6 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         self.node = None
 
 
-def _load_key(node: str, load: dict[str, Any]) -> tuple[float, float, float, str]:
-    threads = max(1, int(load.get("nthreads", 1)))
-    return (
-        float(load.get("kernels", 0)),
-        float(load.get("executing", 0)) / threads,
-        float(load.get("loadavg", 0.0)),
-        node,
-    )
-
-
 def _no_restart(manager: Any) -> None:
     """Make the kernel manager's restarter declare the kernel dead at its next poll instead
     of restarting it on another node: it counts consecutive restarts and gives up (firing
@@ -526,18 +468,6 @@ def _no_restart(manager: Any) -> None:
     with contextlib.suppress(Exception):
         restarter._restarting = True
         restarter._restart_count = limit
-
-
-async def _store_root() -> Path:
-    """Where this process keeps the blobs it ships: the server's cache when the extension
-    runs here, else the default cache root."""
-    from ..agent.cache import default_cache_dir
-    from ..server.app import local_agent
-
-    agent = await local_agent()
-    if agent is not None:
-        return Path(agent.cache.root)
-    return default_cache_dir()
 
 
 __all__ = ["NODE_CACHE_VAR", "PROVISIONER_NAME", "SCHEDULER_VAR", "DaskKernelProvisioner"]
