@@ -16,10 +16,23 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["alive", "children", "cmdline", "descendants", "kill", "wait_for", "wait_gone"]
+__all__ = [
+    "Proc",
+    "alive",
+    "children",
+    "cmdline",
+    "descendants",
+    "kill",
+    "kill_all",
+    "of",
+    "survivors",
+    "wait_for",
+    "wait_gone",
+]
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -86,3 +99,55 @@ def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str =
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what or condition}")
         time.sleep(0.02)
+
+
+# -- by identity: a pid and its start time, so a recycled pid is never taken for ours --------
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as it was when we saw it."""
+
+    pid: int
+    started: float
+
+    @classmethod
+    def of(cls, pid: int) -> Proc | None:
+        """The process ``pid`` now, or None if there is none."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except _GONE:
+            return None
+
+    def alive(self) -> bool:
+        """Running (not a zombie) and still the same process."""
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.started and proc.status() != psutil.STATUS_ZOMBIE
+        except _GONE:
+            return False
+
+    def describe(self) -> str:
+        return f"{self.pid} {cmdline(self.pid) or '(gone)'}"
+
+
+def of(pid: int) -> Proc:
+    """The process ``pid``, which must exist."""
+    proc = Proc.of(pid)
+    assert proc is not None, f"no process {pid}"
+    return proc
+
+
+def survivors(procs: list[Proc], timeout: float) -> list[Proc]:
+    """Those of ``procs`` still alive after waiting up to ``timeout`` seconds for all to go."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in procs if p.alive()]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def kill_all(procs: list[Proc]) -> None:
+    """A test's own clean-up: SIGKILL whatever of ``procs`` is still alive."""
+    for proc in procs:
+        if proc.alive():
+            kill(proc.pid)

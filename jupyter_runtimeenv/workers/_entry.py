@@ -1,10 +1,12 @@
-"""The worker bootstrap: ``python /path/to/_entry.py --fd N`` inside a composed environment.
+"""The worker bootstrap: ``python /path/to/_entry.py --fd N --lifeline L --parent P`` inside
+a composed environment.
 
 Started by ``process.WorkerProcess.start`` (driver side), which passes one end of a
-socketpair as fd ``N`` (``pass_fds``); stdout and stderr are pipes the driver forwards, so
-user output never shares the channel. It is run by *file path*, not with ``-m``, so that
-the environment's interpreter needs neither ``jupyter_runtimeenv`` installed nor the
-package's ``__init__`` executed; ``python -m jupyter_runtimeenv.workers._entry`` works too.
+socketpair as fd ``N`` and the read end of its lifeline as fd ``L`` (``pass_fds``); stdout
+and stderr are pipes the driver forwards, so user output never shares the channel. It is
+run by *file path*, not with ``-m``, so that the environment's interpreter needs neither
+``jupyter_runtimeenv`` installed nor the package's ``__init__`` executed; ``python -m
+jupyter_runtimeenv.workers._entry`` works too.
 
 Order of events, which is the point of this file:
 
@@ -12,11 +14,14 @@ Order of events, which is the point of this file:
    find ours);
 2. put the driver's entries (JSON list in ``JUPYTER_RUNTIMEENV_SYS_PATH``) that this
    interpreter does not already have first on ``sys.path``, in the driver's order;
-3. only then make sure cloudpickle can be imported (the environment's own, else the
+3. arm the parent-death watchdog (``--lifeline``, ``--parent``: see ``watchdog``), before
+   anything of the user's runs;
+4. only then make sure cloudpickle can be imported (the environment's own, else the
    driver's copy loaded by file path, so nothing else of the driver's site-packages leaks
    in), run the spec's ``worker_process_setup_hook`` if it has one, and say HELLO (carrying
    the hook's failure, after which the worker exits);
-4. serve CALL frames one at a time with RETURN or RAISE, until EOF on the channel.
+5. serve CALL frames one at a time with RETURN or RAISE, until EOF on the channel, or
+   until a task closed our stdout/stderr (we answer it, then exit: see ``stdio_intact``).
 
 Imports: the standard library and cloudpickle only, and as few as possible before HELLO:
 a worker's start is on the critical path of every new pool. cloudpickle itself (~30 ms
@@ -33,6 +38,7 @@ import importlib.util
 import json
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -113,12 +119,114 @@ class FdChannel:
             view = view[os.write(self.fd, view) :]
 
 
-def _watch_parent(parent: int) -> None:
-    # If the driver is SIGKILLed while a task runs, nobody reads our EOF: exit on our own.
+# -- the parent-death watchdog (the driver's side: ``lifeline.py``) ---------------------
+
+#: ``PR_SET_PDEATHSIG``'s signal: a real-time one (offset from SIGRTMIN) that nothing else
+#: here uses; its default action ends the process, should it come before the handler.
+PDEATH_OFFSET = 6
+_PR_SET_PDEATHSIG = 1
+#: Our exit code when the driver died (the process group is SIGKILLed first: rarely seen).
+ORPHANED = 70
+_start_ppid = 0
+
+
+def watchdog(lifeline: int | None, parent: int) -> None:
+    """Main thread, before any task: die with the process that started us, whatever kills it.
+
+    Two threads, each blocked in a system call (no polling, and they work while a task
+    runs): one reads the ``lifeline`` pipe, whose write end only the driver holds, and gets
+    EOF when it is gone (every platform); on Linux the other waits for the signal of
+    ``PR_SET_PDEATHSIG`` (not SIGKILL: a SIGKILL would leave the task's children behind).
+    Either kills our process group, so the task's children go too. ``parent`` is the
+    driver's pid: behind a command prefix that forks instead of exec'ing (``timeout``) our
+    parent is that command, and only the lifeline applies.
+
+    The signal is blocked in every thread (threads and children inherit the mask of the
+    thread that makes them), so the kernel hands it to the waiting thread: a Python handler
+    would run only when the main thread next runs bytecode, not while a task sleeps.
+    """
+    global _start_ppid
+    _start_ppid = os.getppid()
+    if sys.platform == "linux" and parent and parent == _start_ppid:
+        sig = signal.SIGRTMIN + PDEATH_OFFSET
+        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+        _thread.start_new_thread(_watch_signal, (sig,))
+    if lifeline is not None:
+        os.set_inheritable(lifeline, False)  # a task's children need not hold it
+        _thread.start_new_thread(_watch_lifeline, (lifeline,))
+    else:
+        _thread.start_new_thread(_watch_ppid, ())
+
+
+def _watch_signal(sig: int) -> None:
+    try:
+        import ctypes  # here, in the thread: ~3 ms the start does not wait for
+
+        # Per thread: this one lives as long as the process.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except Exception:
+        return  # the lifeline still holds
     while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(70)
+        if os.getppid() != _start_ppid:  # also: it died before the prctl
+            orphaned()
+        # Also sent when the driver's *thread* that started us exits (the driver starts us
+        # from a thread that lives as long as it does, but a fork of it may not): hence the
+        # check above, not an exit here.
+        signal.sigwait({sig})
+
+
+def _watch_lifeline(lifeline: int) -> None:
+    try:
+        while os.read(lifeline, 64):
+            pass  # nobody writes; EOF when the last write end (the driver's) closes
+    except OSError:
+        _watch_ppid()  # taken from us (EBADF): watch the parent instead
+    orphaned()
+
+
+def _watch_ppid() -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != _start_ppid:
+            orphaned()
+
+
+def orphaned() -> None:
+    """The driver is gone: SIGKILL our process group (us and whatever the task started), or
+    just exit where the group is not ours alone (a bootstrap run by hand)."""
+    try:
+        pgid = os.getpgid(0)
+        if pgid == os.getsid(0):
+            os.killpg(pgid, signal.SIGKILL)
+    finally:
+        os._exit(ORPHANED)
+
+
+_stdio: tuple[tuple[int, int], ...] | None = None  # None: not watched
+
+
+def _stdio_ids() -> tuple[tuple[int, int], ...]:
+    out = []
+    for fd in (1, 2):
+        st = os.fstat(fd)
+        out.append((st.st_dev, st.st_ino))
+    return tuple(out)
+
+
+def stdio_intact() -> bool:
+    """Whether fds 1 and 2 are still the pipes the driver reads. A task that closed them
+    (or pointed them elsewhere and left them so) broke this worker for every later task:
+    it answers its task, then exits (``STDIO_BROKEN``) and the pool starts another."""
+    if _stdio is None:
+        return True
+    try:
+        return _stdio_ids() == _stdio
+    except OSError:
+        return False
+
+
+#: Exit code of a worker whose stdout or stderr a task closed (see ``stdio_intact``).
+STDIO_BROKEN = 5
 
 
 def failure(phase: str, exc: BaseException, dumps: Callable[[object], bytes], skip: int) -> bytes:
@@ -180,16 +288,19 @@ def run_setup_hook(raw: str | None) -> dict[str, str] | None:
     return None
 
 
-def serve(sock: FdChannel, protocol: ModuleType) -> None:
-    """Answer CALL frames until the driver closes the channel."""
+def serve(sock: FdChannel, protocol: ModuleType) -> int:
+    """Answer CALL frames until the driver closes the channel (0), or until a task broke our
+    stdout/stderr (``STDIO_BROKEN``, its answer sent)."""
     dumps = cloudpickle_dumps
     loads = pickle.loads
     send = protocol.send_frame
     functions: dict[int, Any] = {}
     while True:
+        if not stdio_intact():
+            return STDIO_BROKEN  # a CALL sent meanwhile stays unread: it runs elsewhere
         frame = protocol.recv_frame(sock)
         if frame is None:
-            return
+            return 0
         kind, payload = frame
         if kind != protocol.CALL:
             raise protocol.ProtocolError(f"worker expected CALL, got kind {kind}")
@@ -236,22 +347,47 @@ def _flush() -> None:
             pass
 
 
+def parse_args(argv: list[str]) -> dict[str, int] | None:
+    """``--fd N [--lifeline N] [--parent PID]`` as a dict; None if malformed."""
+    if len(argv) % 2 or not argv or argv[0] != "--fd":
+        return None
+    args: dict[str, int] = {}
+    for i in range(0, len(argv), 2):
+        flag, value = argv[i], argv[i + 1]
+        if flag not in ("--fd", "--lifeline", "--parent") or not value.isdigit():
+            return None
+        args[flag[2:]] = int(value)
+    return args
+
+
 def main(argv: list[str]) -> int:
     if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
         del sys.path[0]
     added = apply_sys_path(json.loads(os.environ.get(SYS_PATH_VAR) or "[]"), sys.path)
-    if len(argv) != 2 or argv[0] != "--fd":
-        print("usage: _entry.py --fd N", file=sys.stderr)
+    args = parse_args(argv)
+    if args is None:
+        print("usage: _entry.py --fd N [--lifeline N] [--parent PID]", file=sys.stderr)
         return 2
+    watchdog(args.get("lifeline"), args.get("parent", 0))
     protocol = _load_by_path("_jupyter_runtimeenv_protocol", os.path.join(_HERE, "protocol.py"))
     ensure_cloudpickle()
-    sock = FdChannel(int(argv[1]))
+    sock = FdChannel(args["fd"])
+    os.set_inheritable(args["fd"], False)  # a task's children must not hold our channel
+    return start(sock, protocol, added)
+
+
+def start(sock: FdChannel, protocol: ModuleType, added: list[str]) -> int:
+    """From the setup hook to the end: say HELLO, serve; the exit code."""
+    global _stdio
     # Output goes to pipes: line buffering lets the driver show it as it comes.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    _thread.start_new_thread(_watch_parent, (os.getppid(),))
+    try:
+        _stdio = _stdio_ids()
+    except OSError:
+        _stdio = None  # started without them: nothing to watch
     setup_error = run_setup_hook(os.environ.get(SETUP_HOOK_VAR))
     hello = {
         "version": protocol.PROTOCOL_VERSION,
@@ -270,11 +406,10 @@ def main(argv: list[str]) -> int:
         except Exception:
             pass  # the first call that needs it reports the error, as in any worker
     try:
-        serve(sock, protocol)
+        return serve(sock, protocol)
     except (protocol.ProtocolError, OSError) as exc:
         print(f"jupyter-runtimeenv worker: channel broken: {exc}", file=sys.stderr)
         return 3
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import cloudpickle
 
 from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
-from . import protocol
+from . import lifeline, protocol
+from ._entry import ORPHANED, STDIO_BROKEN
 from .future import Task
 from .output import OutputTarget, StreamForwarder
 from .serialize import load_outcome
@@ -36,6 +37,9 @@ CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
 #: Only the cloudpickle package itself, for environments that lack it (see ``_entry``).
 _CLOUDPICKLE_DIR = os.path.dirname(os.path.abspath(cloudpickle.__file__))
 _TAIL_BYTES = 4096
+#: After the worker exited: how long frames and output it sent may still be read (a fork
+#: that escaped its group may hold our end of the pipes open forever).
+_EXIT_GRACE = 2.0
 
 
 class WorkerListener(Protocol):
@@ -73,6 +77,12 @@ class WorkerProcess:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._startup_tail = b""
+        #: A pidfd of the process (Linux): readable once it exits. Reader thread's.
+        self._exit_fd: int | None = None
+        #: When the reader saw it exit (monotonic), None while it lives.
+        self._exited_at: float | None = None
+        #: Held while signalling the group and while reaping: never one after the other.
+        self._reap_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<WorkerProcess pid={self.pid} ready={self.ready}>"
@@ -97,18 +107,23 @@ class WorkerProcess:
         env = process_env(self.ctx)
         env[CLOUDPICKLE_VAR] = _CLOUDPICKLE_DIR
         ours, theirs = socket.socketpair()
-        argv = compose(self.ctx, [ENTRY, "--fd", str(theirs.fileno())])
+        life = lifeline.lifeline_fd()
+        args = ["--fd", str(theirs.fileno()), "--lifeline", str(life), "--parent", str(os.getpid())]
+        argv = compose(self.ctx, [ENTRY, *args])
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self.ctx.cwd,
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # A Ctrl-C meant for the driver must not kill tasks; the driver ends workers.
-                start_new_session=True,
+            self.proc = lifeline.launch(
+                lambda: subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.ctx.cwd,
+                    pass_fds=(theirs.fileno(), life),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    # A Ctrl-C meant for the driver must not kill tasks; the driver ends
+                    # workers. Its own session: its group is killed as a whole.
+                    start_new_session=True,
+                )
             )
         except OSError as exc:
             ours.close()
@@ -116,6 +131,7 @@ class WorkerProcess:
         finally:
             theirs.close()
         self.pid = self.proc.pid
+        self._exit_fd = lifeline.exit_fd(self.pid)
         self._sock = ours
         self._thread = threading.Thread(
             target=self._run, name=f"jupyter-runtimeenv-worker-{self.pid}", daemon=True
@@ -138,22 +154,23 @@ class WorkerProcess:
                     self._sock.shutdown(socket.SHUT_WR)
 
     def kill(self) -> None:
-        """SIGKILL the worker (a cancelled task, a framing error, a close that timed out)."""
+        """SIGKILL the worker's process group: the worker and whatever its task started (a
+        cancelled task, a framing error, a close that timed out). Never after the worker was
+        reaped: its pid, and so its group id, may then be someone else's."""
         self._stopping = True
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(OSError):
-                self.proc.kill()
+        with self._reap_lock:
+            if self.proc is not None and self.proc.returncode is None:
+                lifeline.kill_group(self.pid)
 
     def join(self, timeout: float) -> None:
-        """Wait for the process to end (then kill it) and for the reader thread to finish."""
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                self.proc.wait()
+        """Wait for the worker to end and its reader thread to report it (it reaps the
+        worker and kills its group); kill it after ``timeout``."""
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            self.kill()
             thread.join(timeout)
 
     # -- the reader thread ---------------------------------------------------------------
@@ -171,19 +188,36 @@ class WorkerProcess:
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         selector.register(sock, selectors.EVENT_READ)
+        if self._exit_fd is not None:
+            selector.register(self._exit_fd, selectors.EVENT_READ)
         last: OutputTarget | None = None
         error: WorkerError | None = None
         deadline = time.monotonic() + self.startup_timeout
         try:
             while True:
                 timeout = None if self.ready else max(0.0, deadline - time.monotonic())
+                if self._exited_at is not None:  # what it sent before it died, then done
+                    grace = self._exited_at + _EXIT_GRACE - time.monotonic()
+                    timeout = max(0.0, grace if timeout is None else min(timeout, grace))
                 events = selector.select(timeout)
+                if not events and self._exited_at is not None:
+                    error = None if self._stopping else self._died()
+                    break
                 if not events and not self.ready:
                     error = self._startup_error("did not say HELLO in time")
                     break
+                readable = {key.fileobj for key, _ in events}
+                if self._exit_fd is not None and self._exit_fd in readable:
+                    # Its own exit, not the EOF of pipes a fork of it may still hold: end
+                    # its group (those forks die, their copies close), read what is left.
+                    selector.unregister(self._exit_fd)
+                    readable.discard(self._exit_fd)
+                    self._exited_at = time.monotonic()
+                    with self._reap_lock:
+                        lifeline.kill_group(self.pid)
+                    sock.settimeout(_EXIT_GRACE)
                 # Output written before a frame is reported by the same select (the worker
                 # flushes, then sends; epoll is level-triggered), so it is drained first.
-                readable = {key.fileobj for key, _ in events}
                 if len(readable) > (sock in readable):
                     target = self.task.output if self.task is not None else last
                     self._drain(forwarders, selector, target)
@@ -193,6 +227,10 @@ class WorkerProcess:
                     frame = protocol.recv_frame(sock)
                 except ConnectionResetError:  # it died with our CALL (partly) unread
                     self.call_unread, frame = True, None
+                except OSError:
+                    if self._exited_at is None:
+                        raise
+                    frame = None  # it died inside a frame; a survivor holds the socket
                 if frame is None:
                     error = None if self._stopping else self._died()
                     break
@@ -302,13 +340,53 @@ class WorkerProcess:
         return WorkerError(f"worker pid {self.pid} ({self.ctx.python}) {what}{detail}")
 
     def _exit_code(self) -> int | None:
-        if self.proc is None:
+        return self._reap(5.0)
+
+    def _reap(self, timeout: float) -> int | None:
+        """Wait for the worker to exit (killing it after ``timeout``: it closed its end but
+        lives on), SIGKILL its group while its pid is still ours, then reap it."""
+        proc = self.proc
+        if proc is None:
             return None
-        try:
-            return self.proc.wait(5.0)
-        except subprocess.TimeoutExpired:  # closed its end but lives on: end it
+        if proc.returncode is None and not self._wait_exit(timeout):
             self.kill()
-            return self.proc.wait()
+            self._wait_exit(None)
+        with self._reap_lock:
+            if proc.returncode is None:
+                lifeline.kill_group(self.pid)  # forks of a task, its children
+            return proc.wait()
+
+    def _wait_exit(self, timeout: float | None) -> bool:
+        """Whether the worker exited within ``timeout``, without reaping it (a zombie keeps
+        its pid reserved for ``kill_group``)."""
+        if self._exit_fd is not None:
+            if self._exited_at is not None:
+                return True
+            with selectors.DefaultSelector() as waiter:
+                waiter.register(self._exit_fd, selectors.EVENT_READ)
+                return bool(waiter.select(timeout))
+        # No pidfd: waitid(WNOWAIT) where there is one, else give up the group kill.
+        waitid = getattr(os, "waitid", None)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if waitid is None:
+                return self._poll_reaps(timeout)
+            try:
+                if waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG):
+                    return True
+            except ChildProcessError:
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+
+    def _poll_reaps(self, timeout: float | None) -> bool:
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _finish(
         self,
@@ -320,6 +398,9 @@ class WorkerProcess:
         target = self.task.output if self.task is not None else last
         if self.proc is not None:
             self._exit_code()
+            if self._exit_fd is not None:
+                os.close(self._exit_fd)
+                self._exit_fd = None
             self._drain(forwarders, selectors.DefaultSelector(), target)
             for forwarder in forwarders.values():
                 forwarder.flush(target)
@@ -338,6 +419,13 @@ class WorkerProcess:
         return _describe_exit(None if self.proc is None else self.proc.returncode)
 
 
+#: Exit codes of the bootstrap's own (``_entry``), explained.
+_KNOWN_EXITS = {
+    STDIO_BROKEN: "a task closed its stdout or stderr, so it was replaced",
+    ORPHANED: "its driver was gone",
+}
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -346,4 +434,5 @@ def _describe_exit(code: int | None) -> str:
             return f"killed by signal {-code} ({signal.Signals(-code).name})"
         except ValueError:
             return f"killed by signal {-code}"
-    return f"exit code {code}"
+    known = _KNOWN_EXITS.get(code)
+    return f"exit code {code} ({known})" if known else f"exit code {code}"

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import psutil
 import pytest
 from processes import alive, descendants
@@ -87,16 +88,20 @@ def test_a_node_lost_mid_task_is_a_broken_worker(own_cluster: Any, tmp_path: Pat
         while not marker.exists():
             assert time.monotonic() < deadline, "the task never started"
             time.sleep(0.05)
-        env_worker = psutil.Process(int(marker.read_text()))
-        node = env_worker.parent()  # the Dask worker process that runs the node agent
+        env_worker, child = (processes.of(int(pid)) for pid in marker.read_text().split())
+        node = psutil.Process(env_worker.pid).parent()  # the Dask worker that runs the node
+        assert node is not None
         address = next(a for a, pid in client.run(os.getpid).items() if pid == node.pid)
         node.kill()
+        node.wait(30)
+        # Issue 17 item 4: its environment worker, and what its task started, are gone
+        # within 2 s (the worker's parent-death watchdog), the call still running.
+        alive = processes.survivors([env_worker, child], 2.0)
+        processes.kill_all(alive)
+        assert alive == [], [p.describe() for p in alive]
         with pytest.raises(BrokenWorker) as info:
             future.result(60)
         assert f"Dask worker {address} was lost" in str(info.value)
-        # Its environment worker outlives a SIGKILLed node until its call returns (it exits
-        # at EOF on its channel): end it here, the test's own orphan.
-        env_worker.kill()
     finally:
         executor.shutdown()
         client.close()
@@ -165,8 +170,9 @@ def test_without_distributed_one_clear_error(tmp_path: Path):
 
 
 def _write_pid_and_hang(path: str) -> None:
+    child = subprocess.Popen(["sleep", "300"])
     with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
+        f.write(f"{os.getpid()} {child.pid}")
     os.replace(path + ".tmp", path)
     time.sleep(120)
 

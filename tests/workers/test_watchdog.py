@@ -1,0 +1,170 @@
+"""No worker outlives the process that started it, however it dies (issue 17, item 4).
+
+A worker has two watchdogs (``_entry.watchdog``): Linux's ``PR_SET_PDEATHSIG`` and, on
+every platform, a thread blocked reading the driver's lifeline pipe. Either one, when the
+driver dies, SIGKILLs the worker's process group, so the task's children go too, and it
+works while a task runs. Each is tested alone here (a driver whose fork keeps the lifeline
+open leaves only the signal; a command prefix that forks, so that the worker's parent is
+not the driver, leaves only the lifeline), then both together in a real kernel.
+
+The drivers are real processes (a script; an ipykernel through jupyter_client), killed with
+SIGKILL while their task runs; the task's own ``sleep`` child must go too. The issue asks
+for 2 s: the wait starts once the driver is dead, and polls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from processes import Proc, kill_all, of, survivors
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX only")
+
+WITHIN = 2.0
+
+DRIVER = textwrap.dedent(
+    """
+    import ctypes, json, os, sys, time
+    from jupyter_runtimeenv.context import EnvContext
+    from jupyter_runtimeenv.workers.future import RemoteFuture, Task
+    from jupyter_runtimeenv.workers.output import OutputTarget
+    from jupyter_runtimeenv.workers.pool import Pool
+    from jupyter_runtimeenv.workers.serialize import dump_call
+
+    marker, prefix, keep_lifeline = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+
+    def hang(marker):
+        import os, pathlib, subprocess, time
+        child = subprocess.Popen(["sleep", "300"])
+        pathlib.Path(marker).write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(300)
+
+    pool = Pool(lambda: EnvContext(python=sys.executable, command_prefix=prefix))
+    future = RemoteFuture("hang")
+    task = Task(b"", future, OutputTarget.capture("hang"))
+    task.payload = dump_call(task.id, hang, (marker,), {}, "hang")
+    pool.submit(task)
+    if keep_lifeline:
+        # libc's fork, not os.fork: Python's at-fork handlers (which drop the inherited
+        # lifeline) do not run, so this child keeps the lifeline's write end open.
+        if ctypes.CDLL(None).fork() == 0:
+            time.sleep(300)
+            os._exit(0)
+    time.sleep(300)
+    """
+)
+
+
+@pytest.fixture
+def tracked() -> Iterator[list[Proc]]:
+    procs: list[Proc] = []
+    yield procs
+    kill_all(procs)
+
+
+def start_driver(tmp_path: Path, prefix: list[str], keep_lifeline: bool) -> subprocess.Popen[bytes]:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    argv = [sys.executable, str(script), str(tmp_path / "pids"), json.dumps(prefix)]
+    return subprocess.Popen([*argv, "1" if keep_lifeline else "0"], cwd=tmp_path)
+
+
+def read_marker(marker: Path, timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while not marker.exists() or not marker.read_text():
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.02)
+    return [int(word) for word in marker.read_text().split()]
+
+
+def sigkill(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(30)
+
+
+def test_the_parent_death_signal_alone_ends_the_worker_and_its_children(
+    tmp_path: Path, tracked: list[Proc]
+) -> None:
+    if sys.platform != "linux":
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    driver = start_driver(tmp_path, [], keep_lifeline=True)
+    try:
+        worker, child = (of(pid) for pid in read_marker(tmp_path / "pids"))
+        tracked += [worker, child]
+        holders = [of(p.pid) for p in psutil.Process(driver.pid).children() if p.pid != worker.pid]
+        tracked += holders
+        assert holders, "the driver's fork (holding the lifeline) did not start"
+    finally:
+        sigkill(driver)
+    assert survivors([worker, child], WITHIN) == []
+
+
+def test_the_lifeline_alone_ends_the_worker_and_its_children(
+    tmp_path: Path, tracked: list[Proc]
+) -> None:
+    timeout = shutil.which("timeout")
+    if timeout is None:
+        pytest.skip("needs coreutils' timeout (a command prefix that forks)")
+    # ``timeout`` forks the worker and waits: the worker's parent is not the driver, so
+    # the parent-death signal is not armed and only the lifeline can tell.
+    driver = start_driver(tmp_path, [timeout, "600"], keep_lifeline=False)
+    try:
+        worker, child = (of(pid) for pid in read_marker(tmp_path / "pids"))
+        wrapper = of(psutil.Process(worker.pid).ppid())
+        tracked += [worker, child, wrapper]
+        assert wrapper.pid != driver.pid
+    finally:
+        sigkill(driver)
+    assert survivors([worker, child, wrapper], WITHIN) == []
+
+
+def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
+    tmp_path: Path, tracked: list[Proc]
+) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    km.start_kernel(
+        cwd=str(tmp_path), env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    )
+    client = km.blocking_client()
+    client.start_channels()
+    marker = tmp_path / "pids"
+    try:
+        client.wait_for_ready(timeout=60)
+        code = textwrap.dedent(
+            f"""
+            import jupyter_runtimeenv as jre
+
+            def hang(marker):
+                import os, pathlib, subprocess, time
+                child = subprocess.Popen(["sleep", "300"])
+                pathlib.Path(marker).write_text(f"{{os.getpid()}} {{child.pid}}")
+                time.sleep(300)
+
+            futures = [jre.remote(hang).remote({str(marker)!r} + str(i)) for i in range(2)]
+            """
+        )
+        reply = client.execute_interactive(code, timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        pids = [pid for i in range(2) for pid in read_marker(Path(f"{marker}{i}"))]
+        procs = [of(pid) for pid in pids]
+        tracked += procs
+        kernel = km.provisioner.process  # type: ignore[union-attr]
+        kernel.kill()
+        kernel.wait(30)
+        assert survivors(procs, WITHIN) == []
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
