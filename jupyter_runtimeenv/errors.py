@@ -25,8 +25,14 @@ Third-party errors are converted at the boundary where they enter this package.
 
 from __future__ import annotations
 
+import builtins
+import weakref
 from collections.abc import Sequence
 from typing import Any
+
+import cloudpickle
+
+from ._exc_state import blank, describe, fields, rebuild, restore, safe_str
 
 __all__ = [
     "AgentUnavailable",
@@ -243,43 +249,62 @@ class SerializationError(RuntimeEnvError, TypeError):
 class RemoteTaskError(RuntimeEnvError):
     """A task raised in its worker.
 
-    ``cause`` is the original exception when it could be unpickled in the driver (so
-    ``isinstance(err.cause, KeyError)`` works); ``remote_traceback`` is the text the worker
-    formatted. Catching the original type works too: ``RemoteTaskError.wrap`` builds an
-    instance whose class derives from both this class and the original one when possible.
+    ``cause`` is the original exception rebuilt in the driver (so ``isinstance(err.cause,
+    KeyError)`` works); ``remote_traceback`` is the text the worker formatted;
+    ``remote_type`` the qualified name of the remote exception's class (which the driver
+    may lack: ``cause`` is then an instance of its nearest base the driver has).
+    Catching the original type works too: ``wrap`` returns an instance of a class derived
+    from both this class and the cause's, carrying the cause's ``args`` and attributes
+    (``errno``, ``returncode``, ``pos``...), made without calling the cause class's
+    ``__init__`` or ``__new__`` (which may take other arguments than ``args``).
     """
 
     def __init__(
-        self, function: str, remote_traceback: str, cause: BaseException | None = None
+        self,
+        function: str,
+        remote_traceback: str,
+        cause: BaseException | None = None,
+        remote_type: str = "",
     ) -> None:
         self.function = function
         self.remote_traceback = remote_traceback
         self.cause = cause
+        self.remote_type = remote_type or _qualified(cause)
         super().__init__(function, remote_traceback, cause)
 
     def __str__(self) -> str:
         head = f"{self.function} raised in its worker"
         if self.cause is not None:
-            head += f": {type(self.cause).__name__}: {self.cause}"
+            name = self.remote_type.rpartition(".")[2] or type(self.cause).__name__
+            head += f": {name}: {safe_str(self.cause)}"
         return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
 
     @classmethod
     def wrap(
-        cls, function: str, remote_traceback: str, cause: BaseException | None
+        cls,
+        function: str,
+        remote_traceback: str,
+        cause: BaseException | None,
+        remote_type: str = "",
     ) -> RemoteTaskError:
         """An error that is both a ``RemoteTaskError`` and, if possible, the cause's type."""
-        if cause is not None and isinstance(cause, Exception):
-            cause_type = type(cause)
-            try:
-                dual: type[RemoteTaskError] = type(
-                    f"RemoteTaskError[{cause_type.__name__}]", (cls, cause_type), {}
-                )
-                error = dual.__new__(dual)
-                RemoteTaskError.__init__(error, function, remote_traceback, cause)
-                return error
-            except TypeError:  # incompatible layouts (e.g. some C exceptions)
-                pass
-        return cls(function, remote_traceback, cause)
+        if isinstance(cause, Exception) and not isinstance(cause, RemoteTaskError):
+            dual = _dual_class(cls, type(cause))
+            if dual is not None:
+                try:
+                    error = blank(dual, cause.args, _group_args(cause))
+                except TypeError:  # a C type whose __new__ wants arguments we lack
+                    pass
+                else:
+                    restore(error, fields(cause))
+                    error.__dict__.update(
+                        function=function,
+                        remote_traceback=remote_traceback,
+                        cause=cause,
+                        remote_type=remote_type or _qualified(cause),
+                    )
+                    return error  # type: ignore[return-value]
+        return cls(function, remote_traceback, cause, remote_type)
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of the local frames: the remote traceback."""
@@ -287,7 +312,64 @@ class RemoteTaskError(RuntimeEnvError):
         return [*lines, f"(raised in the worker of {self.function})"]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteTaskError.wrap, (self.function, self.remote_traceback, self.cause))
+        # The cause goes as its pieces: its class may not take ``args`` back (see _exc_state).
+        cause = None if self.cause is None else describe(self.cause, cloudpickle.dumps)
+        return (
+            _rebuild_remote_error,
+            (self.function, self.remote_traceback, cause, self.remote_type),
+        )
+
+
+def _rebuild_remote_error(
+    function: str, remote_traceback: str, cause: dict[str, Any] | None, remote_type: str
+) -> RemoteTaskError:
+    return RemoteTaskError.wrap(
+        function, remote_traceback, rebuild(cause, cloudpickle.loads)[0], remote_type
+    )
+
+
+def _qualified(exc: BaseException | None) -> str:
+    if exc is None:
+        return ""
+    kind = type(exc)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def _group_args(exc: BaseException) -> tuple[str, list[BaseException]] | None:
+    group = getattr(builtins, "BaseExceptionGroup", None)
+    if group is not None and isinstance(exc, group):
+        return exc.message, list(exc.exceptions)
+    return None
+
+
+#: (RemoteTaskError subclass, cause class) -> their dual class, or None when Python
+#: refuses the combination. Weak on the cause class: a notebook redefines its classes.
+_duals: weakref.WeakKeyDictionary[type, dict[type, type[RemoteTaskError] | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _dual_class(
+    cls: type[RemoteTaskError], cause: type[BaseException]
+) -> type[RemoteTaskError] | None:
+    per_cause = _duals.setdefault(cause, {})
+    if cls not in per_cause:
+        try:
+            per_cause[cls] = type(
+                f"RemoteTaskError[{cause.__name__}]",
+                (cls, cause),
+                {
+                    "__module__": cls.__module__,
+                    "__qualname__": f"RemoteTaskError[{cause.__qualname__}]",
+                },
+            )
+        except TypeError:  # incompatible layouts, or a final class (bool-like)
+            per_cause[cls] = None
+    return per_cause[cls]
 
 
 class RemoteInterrupt(KeyboardInterrupt):

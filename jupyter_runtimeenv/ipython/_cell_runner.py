@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._exc_state import describe, safe_str
+
 
 def _item(value: Any) -> dict[str, Any]:
     import cloudpickle
@@ -40,11 +42,12 @@ def _error(exc: BaseException, skip: int) -> dict[str, Any]:
         if tb is not None:
             tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    try:
-        blob: bytes | None = cloudpickle.dumps(exc, protocol=5)
-    except Exception:
-        blob = None
-    return {"text": text, "exception": blob, "type": type(exc).__name__, "message": str(exc)}
+    return {
+        "text": text,
+        "exception": describe(exc, cloudpickle.dumps),
+        "type": type(exc).__name__,
+        "message": safe_str(exc),
+    }
 
 
 def run_cell(

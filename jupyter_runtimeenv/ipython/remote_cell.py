@@ -30,7 +30,7 @@ import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from .. import api, session
+from .. import _exc_state, api, session
 from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError
 from ..spec import parse
 from ..workers.interrupt import interrupted
@@ -42,6 +42,7 @@ __all__ = ["RemoteCellMagics", "names_read"]
 
 # The runner goes by value: the env's interpreter need not have jupyter_runtimeenv.
 cloudpickle.register_pickle_by_value(_cell_runner)
+cloudpickle.register_pickle_by_value(_exc_state)
 
 #: The task name of a cell (its output lines are written without the task prefix).
 TASK_NAME = _cell_runner.run_cell.__name__
@@ -224,19 +225,14 @@ class RemoteCellMagics(Magics):
         return None if result["value"] is None else _load(result["value"])
 
     def _remote_error(self, error: dict[str, Any], files: dict[str, str]) -> BaseException:
-        cause: BaseException | None = None
-        if error.get("exception") is not None:
-            try:
-                cause = cloudpickle.loads(error["exception"])
-            except Exception:
-                cause = None
+        cause, remote_type = _exc_state.rebuild(error.get("exception"), cloudpickle.loads)
         text = self._cells(restore_frames(error["text"], files))
         if error.get("input"):
             return UsageError(
                 f"remote: the variable {error['input']!r} cannot be unpickled in the worker:"
                 f" {error['type']}: {error['message']}"
             )
-        return RemoteTaskError.wrap("%%remote", text, cause)
+        return RemoteTaskError.wrap("%%remote", text, cause, remote_type)
 
     def _cells(self, text: str) -> str:
         """``File "<cell file>", line k, in f`` lines as IPython names cells: ``Cell In[n]``."""

@@ -55,6 +55,8 @@ SETUP_HOOK_VAR = "JUPYTER_RUNTIMEENV_SETUP_HOOK"
 #: import cloudpickle after HELLO, before that task comes. Removed from the environment.
 WARM_VAR = "JUPYTER_RUNTIMEENV_WARM"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+#: ``../_exc_state.py`` (the driver-side package's, loaded by path on the first error).
+_EXC_STATE = "_jupyter_runtimeenv_exc_state"
 #: Functions loaded per driver-assigned key; the driver sends the blob anyway (it is small).
 _FUNCTION_CACHE_SIZE = 256
 
@@ -242,18 +244,18 @@ def failure(phase: str, exc: BaseException, dumps: Callable[[object], bytes], sk
         if tb is not None:
             tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    try:
-        blob: bytes | None = dumps(exc)
-    except Exception:
-        blob = None  # the traceback text still tells the story
+    exc_state = sys.modules.get(_EXC_STATE) or _load_by_path(
+        _EXC_STATE, os.path.join(os.path.dirname(_HERE), "_exc_state.py")
+    )
     kind = type(exc)
     return pickle.dumps(
         {
             "phase": phase,
             "type": f"{kind.__module__}.{kind.__qualname__}",
-            "message": str(exc),
+            "message": exc_state.safe_str(exc),
             "traceback": text,
-            "exception": blob,
+            # its pieces, so that the driver rebuilds it as its own type (``_exc_state``)
+            "exception": exc_state.describe(exc, dumps),
         }
     )
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._exc_state import rebuild
 from ..errors import RemoteTaskError, SerializationError
 from . import protocol
 from .tracebacks import restore_frames
@@ -144,17 +145,13 @@ def load_outcome(
         raise protocol.ProtocolError(f"expected RETURN or RAISE, got kind {kind}")
     info = pickle.loads(payload)
     phase, text = info["phase"], restore_frames(info["traceback"], sources or {})
-    cause: BaseException | None = None
-    if info["exception"] is not None:
-        try:
-            cause = cloudpickle.loads(info["exception"])
-        except Exception:
-            cause = None  # e.g. its class lives in a module the driver lacks
+    cause, remote_type = rebuild(info["exception"], cloudpickle.loads)
     if phase == "result":
         summary = f"{info['type']}: {info['message']}"
         raise SerializationError(f"the result of {name} cannot be pickled: {summary}")
     if phase == "load":
-        error = RemoteTaskError.wrap(f"{name} (unpickling its call in the worker)", text, cause)
+        where = f"{name} (unpickling its call in the worker)"
+        error = RemoteTaskError.wrap(where, text, cause, remote_type)
     else:
-        error = RemoteTaskError.wrap(name, text, cause)
+        error = RemoteTaskError.wrap(name, text, cause, remote_type)
     raise error

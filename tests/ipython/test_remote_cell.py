@@ -161,3 +161,44 @@ def test_help(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "%remote [--env NAME]" in out
     assert "--out x,y" in out
+
+
+CELL_ERRORS = [
+    ("import json\njson.loads('not json')", "json.JSONDecodeError", "(e.pos, e.msg)"),
+    ("b'\\xff'.decode('utf-8')", "UnicodeDecodeError", "(e.start, e.encoding)"),
+    (
+        "import subprocess\nraise subprocess.CalledProcessError(returncode=2, cmd='x')",
+        "subprocess.CalledProcessError",
+        "(e.returncode, e.cmd)",
+    ),
+    ("open('/nonexistent/jre')", "FileNotFoundError", "(e.errno, e.filename)"),
+    ("{}['k']", "KeyError", "e.args"),
+    ("raise KwOnly(code=5)", "KwOnly", "(e.code, e.args)"),
+]
+
+
+@pytest.mark.parametrize(("body", "kind", "fields"), CELL_ERRORS)
+def test_a_cells_exception_is_caught_by_its_type(
+    shell: InteractiveShell, body: str, kind: str, fields: str
+) -> None:
+    # KwOnly is defined in the notebook: by value to the worker, the same class back.
+    run(
+        shell,
+        "import json, subprocess\n"
+        "class KwOnly(Exception):\n"
+        "    def __init__(self, *, code):\n"
+        "        super().__init__(f'code {code}')\n"
+        "        self.code = code\n",
+    )
+    shell.user_ns["_cell_body"] = body
+    handler = f"except {kind} as e:\n    caught = {fields}\n"
+    # The same body run here first: what a local cell would catch.
+    run(shell, "try:\n    exec(_cell_body)\n" + handler + "expected = caught\ndel caught")
+    result = run(
+        shell,
+        "from IPython import get_ipython\n"
+        "try:\n"
+        "    get_ipython().run_cell_magic('remote', '', _cell_body)\n" + handler,
+    )
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["caught"] == shell.user_ns["expected"]
