@@ -1,8 +1,19 @@
 """Dask executor benchmarks against plain Dask and the local executor, in the same run.
 
     .venv/bin/python benchmarks/bench_dask.py [--tasks 200] [--files 1000]
+    .venv/bin/python benchmarks/bench_dask.py --nodes 1,2,4,8 [--json FILE]
 
-On one ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``:
+With ``--nodes``: staging cost against the number of nodes (issue 17 item 6). For each N, a
+fresh ``LocalCluster(n_workers=N, threads_per_worker=1)`` (each node its own cache root, the
+driver a fresh blob store) stages a ``--files``-file / ``--tree-mb`` MB working_dir
+(``DaskExecutor.stage``: hash and store on the driver, send each blob once, nodes copy the
+rest from each other). One JSON object per N (``nodes``, ``stage_seconds``,
+``driver_bytes_sent``, ``peer_bytes``, ``tree_bytes``, ``ratio`` = driver bytes / tree
+bytes, ``manifest_seconds``: hashing and storing on the driver alone, ``copy_seconds``:
+``cp -r`` of the tree, the floor, both measured in the same run), and a table. Target:
+``driver_bytes_sent <= 1.2 x tree_bytes`` at 4 and 8 nodes.
+
+Without it, on one ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``:
 
 - per-task round trip (submit, wait, result; sequential, warm) of a no-op: plain
   ``client.submit`` (the floor), ``DaskExecutor``, ``LocalExecutor`` (no cluster);
@@ -19,7 +30,9 @@ change sends <= 1% of the tree.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -81,12 +94,129 @@ def make_tree(root: Path, files: int) -> int:
     return size
 
 
+def make_sized_tree(root: Path, files: int, total_bytes: int) -> int:
+    """``files`` files of random (incompressible) bytes, ``total_bytes`` in all."""
+    each = max(1, total_bytes // files)
+    size = 0
+    for i in range(files):
+        path = root / f"pkg{i % 20}" / f"data{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(each)
+        path.write_bytes(data)
+        size += len(data)
+    return size
+
+
+def staging(counts: list[int], files: int, tree_mb: float, json_path: str | None) -> None:
+    from jupyter_runtimeenv.dask.manifest import build_manifest
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-dask-nodes-"))
+    results: list[dict[str, Any]] = []
+    try:
+        tree = scratch / "tree"
+        tree_bytes = make_sized_tree(tree, files, int(tree_mb * 2**20))
+        spec = jre.parse({"working_dir": str(tree), "driver_sys_path": False})
+        for n in counts:
+            print(f"[{time.strftime('%H:%M:%S')}] {n} node(s): starting", file=sys.stderr)
+            copy_seconds = first_task(
+                lambda n=n: shutil.copytree(tree, scratch / f"copy-{n}", copy_function=shutil.copy)
+            )
+            manifest_seconds = first_task(
+                lambda n=n: build_manifest(spec, scratch / f"floor-store-{n}")
+            )
+            with (
+                LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                ) as cluster,
+                Client(cluster) as client,
+            ):
+                client.wait_for_workers(n, timeout=300)
+                executor = DaskExecutor(
+                    client,
+                    node_cache_dir=str(scratch / f"n{n}" / "node-{name}"),
+                    driver_cache_dir=scratch / f"n{n}" / "driver",
+                )
+                try:
+                    start = time.perf_counter()
+                    staged = executor.stage(spec)
+                    seconds = time.perf_counter() - start
+                    sent, peer = executor.bytes_sent, executor.peer_bytes
+                finally:
+                    executor.shutdown()
+            if len(staged) != n:
+                raise SystemExit(f"staged on {len(staged)} of {n} nodes")
+            results.append(
+                {
+                    "nodes": n,
+                    "stage_seconds": round(seconds, 4),
+                    "driver_bytes_sent": sent,
+                    "peer_bytes": peer,
+                    "tree_bytes": tree_bytes,
+                    "files": files,
+                    "ratio": round(sent / tree_bytes, 4),
+                    "manifest_seconds": round(manifest_seconds, 4),
+                    "copy_seconds": round(copy_seconds, 4),
+                    "load_average": round(os.getloadavg()[0], 2),
+                }
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, 1 thread per Dask worker;"
+        f" working_dir {files} files, {tree_bytes / 2**20:.1f} MiB"
+    )
+    header = (
+        "nodes",
+        "stage (s)",
+        "driver sent",
+        "x tree",
+        "nodes from peers",
+        "floors: manifest / cp -r (s)",
+        "load",
+    )
+    rows = [
+        (
+            str(r["nodes"]),
+            f"{r['stage_seconds']:.2f}",
+            f"{r['driver_bytes_sent'] / 2**20:.1f} MiB",
+            f"{r['ratio']:.2f}x" + (" (target <= 1.2x)" if r["nodes"] >= 4 else ""),
+            f"{r['peer_bytes'] / 2**20:.1f} MiB",
+            f"{r['manifest_seconds']:.2f} / {r['copy_seconds']:.2f}",
+            f"{r['load_average']:.1f}",
+        )
+        for r in results
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument(
+        "--nodes", help="comma-separated node counts: measure staging against them (1,2,4,8)"
+    )
+    parser.add_argument("--tree-mb", type=float, default=20.0, help="with --nodes: tree size")
+    parser.add_argument("--json", metavar="FILE", help="with --nodes: write the results here")
     args = parser.parse_args()
+    if args.nodes:
+        try:
+            counts = [int(n) for n in args.nodes.split(",") if n.strip()]
+        except ValueError:
+            parser.error(f"--nodes: expected numbers like 1,2,4,8, got {args.nodes!r}")
+        if not counts or min(counts) < 1:
+            parser.error("--nodes: expected numbers >= 1")
+        staging(counts, args.files, args.tree_mb, args.json)
+        return
     scratch = Path(tempfile.mkdtemp(prefix="bench-dask-"))
     os.environ["JUPYTER_RUNTIMEENV_CACHE"] = str(scratch / "driver")
     rows: list[tuple[str, str, str, str]] = []

@@ -420,6 +420,17 @@ class Cache:
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
             db.executemany("INSERT INTO env_resources VALUES (?, ?)", [(env_id, u) for u in uris])
 
+    def link_resources(self, env_id: str, uris: Iterable[str]) -> None:
+        """Record that env ``env_id`` also uses ``uris`` (resources made outside its build,
+        e.g. the trees a Dask node laid out for it): they are kept while it is referenced,
+        and evicting one forgets the env. A no-op for an env the index does not hold."""
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM envs WHERE env_id = ?", (env_id,)).fetchone() is None:
+                return
+            db.executemany(
+                "INSERT OR IGNORE INTO env_resources VALUES (?, ?)", [(env_id, u) for u in uris]
+            )
+
     def find_env(self, env_id: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """(spec, context) of a recorded env whose resources are all present, else None."""
         with self._lock:

@@ -1,46 +1,45 @@
 """``DaskExecutor``: remote calls on a Dask cluster, in the same environments, built on nodes.
 
-Who calls it: ``RemoteFunction.remote`` (through ``init(executor=client)``) and users who
-make one directly. The driver side of the design (the node side is ``node.py``):
+Who calls it: ``RemoteFunction.remote`` (through ``init(executor=client)``), the
+``%runtime_env`` magic (``build_on_nodes``, ``prestart``), the kernel's report, and users
+who make one directly. The driver side of the design, by concern:
 
-- Per environment (resolved like ``LocalExecutor`` does, with the driver's ``sys.path``)
-  the executor builds a manifest in a staging thread (``manifest.py``: local content hashed
-  and put in the driver's blob store) and stages it on every current node (``transfer.py``:
-  each node gets the blobs it lacks, once). Until then tasks wait in the executor.
-- A task is one Dask task (``node.run_task``) carrying the pickled call as bytes, with a
-  loose preference for nodes where the env was staged and is known READY. A node that has
-  not got the env (it joined later) answers ``NotStaged``: it is staged and the task sent
-  again.
-- Outcomes come back as bytes and are unpickled here, into the same values and
-  ``RemoteTaskError``s as locally; output lines arrive as Dask events on the executor's
+- ``staging.py``: each environment's manifest, staged on every node (``transfer.py``);
+- this module: tasks. A task is one Dask task (``node_ops.run_task``) carrying the pickled
+  call as bytes, with a loose preference for nodes where the env is known READY. A node
+  that lacks the env (it joined later) answers ``NotStaged``: it is staged there and the
+  task sent again. Outcomes come back as bytes and are unpickled here, into the same values
+  and ``RemoteTaskError``s as locally; output lines arrive as Dask events on the executor's
   topic and are written, in the submitting cell's context, before the result is handed out.
-- A node lost while running a task: ``BrokenWorker`` naming it (Dask's own rescheduling is
-  cut short), unless the call was made with ``retries``, which Dask then spends.
+  A node lost while running a task: ``BrokenWorker`` naming it (Dask's own rescheduling is
+  cut short), unless the call was made with ``retries``, which Dask then spends;
+- ``cluster_build.py``: ``build_on_nodes``, the eager build on every node with a row each;
+- ``cluster_ops.py``: what the kernel's report, the sidebar and ``progress`` ask of the
+  cluster (report, GC, stopping a worker, prestart, where futures run);
+- ``watch.py``: worker removals from the scheduler, fanned out to executors.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import itertools
-import os
-import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.cache import default_cache_dir
 from ..errors import BrokenWorker, RuntimeEnvError, WorkerError
 from ..spec import RuntimeEnvSpec
-from ..workers.executor import Executor, resolve_driver_sys_path, resolve_for_driver
-from ..workers.future import RemoteFuture
+from ..workers.cluster import ClusterBuild, ClusterExecutor, ClusterFuture, NodeView
 from ..workers.output import OutputTarget
 from ..workers.serialize import dump_call, load_outcome
 from ..workers.tracebacks import code_files
-from .manifest import Manifest, build_manifest
+from . import watch
+from .staging import StagedEnv, Staging
 
 INSTALL_HINT = "pip install 'jupyter-runtimeenv[dask]'"
 #: How long a finished task's result waits for output lines still in flight.
@@ -63,22 +62,10 @@ def require_distributed() -> Any:
 
 
 @dataclass(eq=False)
-class _Env:
-    """One resolved environment as this executor stages it."""
-
-    spec: RuntimeEnvSpec
-    prepared: concurrent.futures.Future[Manifest] = field(default_factory=concurrent.futures.Future)
-    staged: set[str] = field(default_factory=set)
-    ready: set[str] = field(default_factory=set)
-    inflight: int = 0
-    restaging: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
 class _Pending:
     """One submitted call until its future is settled."""
 
-    future: RemoteFuture[Any]
+    future: ClusterFuture
     target: OutputTarget
     name: str
     task_id: int
@@ -94,14 +81,17 @@ class _Pending:
     restaged: int = 0
 
 
-class DaskExecutor(Executor):
+class DaskExecutor(ClusterExecutor):
     """Runs ``remote`` calls on the Dask cluster of ``client`` (a ``distributed.Client``
     or a scheduler address, for which a client is made and closed with the executor).
 
     ``node_cache_dir``: each node's cache root, formatted with the Dask worker's ``name``
-    and ``id`` (default: the node's own default). ``driver_cache_dir``: where the driver
-    keeps the blobs it ships (default: the local cache root). ``idle_timeout``: seconds
-    before an idle environment worker on a node stops.
+    and ``id`` (default: the node's own default). ``node_max_bytes``: each node's cache
+    budget, collected least recently used first past it (default: as the local cache's).
+    ``driver_cache_dir``: where the driver keeps the blobs it ships (default: the local
+    cache root). ``idle_timeout``: seconds before an idle environment worker on a node
+    stops. The node settings are the cluster's: the first executor to register the node
+    agent on a cluster sets them.
     """
 
     def __init__(
@@ -109,12 +99,17 @@ class DaskExecutor(Executor):
         client: Any,
         *,
         node_cache_dir: str | None = None,
+        node_max_bytes: int = DEFAULT_MAX_CACHE_BYTES,
         driver_cache_dir: str | Path | None = None,
         idle_timeout: float = 60.0,
     ) -> None:
         distributed = require_distributed()
         from .node import NodeAgentPlugin
 
+        if not isinstance(node_max_bytes, int) or isinstance(node_max_bytes, bool):
+            raise TypeError(f"node_max_bytes: expected a byte count, got {node_max_bytes!r}")
+        if node_max_bytes < 0:
+            raise ValueError(f"node_max_bytes: expected a byte count >= 0, got {node_max_bytes}")
         self._owns_client = isinstance(client, str)
         if self._owns_client:
             client = distributed.Client(client, set_as_default=False)
@@ -127,26 +122,38 @@ class DaskExecutor(Executor):
         self.id = uuid.uuid4().hex
         self.topic = f"jupyter-runtimeenv-output-{self.id}"
         self.store_root = Path(driver_cache_dir) if driver_cache_dir else default_cache_dir()
-        self.bytes_sent = 0
-        self.blobs_sent = 0
-        self._plugin = NodeAgentPlugin(node_cache_dir, idle_timeout)
-        self._plugin_lock = threading.Lock()
-        self._plugin_registered = False
-        self._lock = threading.Lock()
-        self._envs: dict[tuple[str, tuple[str, ...] | None], _Env] = {}
+        self.node_max_bytes = node_max_bytes
+        plugin = NodeAgentPlugin(node_cache_dir, idle_timeout, node_max_bytes)
+        self._staging = Staging(client, plugin, self.store_root)
         self._pending: dict[int, _Pending] = {}
         self._by_key: dict[str, _Pending] = {}
-        self._threads: dict[str, int] = {}
-        self._paths_memo: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        self._staging = concurrent.futures.ThreadPoolExecutor(
-            4, thread_name_prefix="jupyter-runtimeenv-dask-stage"
-        )
+        #: Build id -> what receives that cluster build's node events (``cluster_build``).
+        self.builds: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._shut = False
-        client.subscribe_topic(self.topic, self._on_output)
-        _watch_workers(client, self)
+        client.subscribe_topic(self.topic, self._on_event)
+        watch.watch(client, self)
 
     def __repr__(self) -> str:
-        return f"<DaskExecutor {self.client.scheduler.address} envs={len(self._envs)}>"
+        envs = len(self._staging.envs)
+        return f"<DaskExecutor {self.client.scheduler.address} envs={envs}>"
+
+    @property
+    def bytes_sent(self) -> int:
+        """Blob bytes the driver sent to nodes since this executor was made."""
+        return self._staging.bytes_sent
+
+    @property
+    def blobs_sent(self) -> int:
+        return self._staging.blobs_sent
+
+    @property
+    def peer_bytes(self) -> int:
+        """Blob bytes nodes copied from each other (instead of from the driver)."""
+        return self._staging.peer_bytes
+
+    @property
+    def staging(self) -> Staging:
+        return self._staging
 
     # -- the Executor contract -----------------------------------------------------------
 
@@ -159,8 +166,8 @@ class DaskExecutor(Executor):
         runtime_env: RuntimeEnvSpec,
         name: str,
         retries: int = 0,
-    ) -> RemoteFuture[Any]:
-        future: RemoteFuture[Any] = RemoteFuture(name)
+    ) -> ClusterFuture:
+        future = ClusterFuture(name, self)
         task_id = next(_task_ids)
         payload = dump_call(task_id, function, args, kwargs, name)  # may raise at once
         pending = _Pending(
@@ -172,24 +179,22 @@ class DaskExecutor(Executor):
             code_files(function),
             retries,
         )
-        env = self._env_for(runtime_env)
+        env = self._staging.env_for(runtime_env)
         self._pending[task_id] = pending
         future.set_cancel_hook(lambda _f: self._cancel(pending))
         env.prepared.add_done_callback(lambda _f: self._send(env, pending))
         return future
 
     def shutdown(self) -> None:
-        with self._lock:
-            if self._shut:
-                return
-            self._shut = True
-            pending = list(self._pending.values())
-        for each in pending:
+        if self._shut:
+            return
+        self._shut = True
+        for each in list(self._pending.values()):
             each.future.cancel()
-        self._staging.shutdown(wait=False, cancel_futures=True)
-        _unwatch_workers(self.client, self)
+        self._staging.shutdown()
+        watch.unwatch(self.client, self)
         if self.client.status == "running":
-            from .node import node_forget
+            from .node_ops import node_forget
 
             try:
                 self.client.run(node_forget, self.id, on_error="ignore")
@@ -198,6 +203,50 @@ class DaskExecutor(Executor):
                 pass
         if self._owns_client:
             self.client.close()
+
+    def prestart(self, runtime_env: RuntimeEnvSpec) -> None:
+        """Start one environment worker on every node that has ``runtime_env`` staged, in
+        the background (``%runtime_env`` calls it after the build)."""
+        from .cluster_ops import prestart
+
+        if not self._shut:
+            prestart(self, runtime_env)
+
+    # -- the ClusterExecutor contract -----------------------------------------------------
+
+    def build_on_nodes(
+        self, runtime_env: RuntimeEnvSpec, view: NodeView | None = None
+    ) -> ClusterBuild:
+        from .cluster_build import build_on_nodes
+
+        return build_on_nodes(self, runtime_env, view)
+
+    def locate(self, futures: Sequence[Future[Any]]) -> dict[int, str]:
+        from .cluster_ops import locate
+
+        return locate(self, futures, self._by_key)
+
+    def cluster_report(self) -> dict[str, Any]:
+        from .cluster_ops import cluster_report
+
+        return cluster_report(self)
+
+    def stop_worker(self, node: str, pid: int) -> None:
+        from .cluster_ops import stop_worker
+
+        stop_worker(self, node, pid)
+
+    def gc(self) -> dict[str, int]:
+        from .cluster_ops import gc
+
+        return gc(self)
+
+    def states_on_nodes(self, runtime_env: RuntimeEnvSpec) -> dict[str, str] | None:
+        """Node -> the env's state there, for an env this executor staged; ``None`` for one
+        it never saw (``%runtime_env --list``)."""
+        from .cluster_ops import states_on_nodes
+
+        return states_on_nodes(self, runtime_env)
 
     # -- eager preparation ------------------------------------------------------------------
 
@@ -209,115 +258,36 @@ class DaskExecutor(Executor):
         Returns node address -> env id on that node. Raises the first node's ``BuildError``
         (naming the node). After this the driver's local directories may go away.
         """
+        built = self.build_on_nodes(self._spec_of(runtime_env))
+        for row in built.rows:
+            if row.state != "READY":
+                raise built.errors.get(row.address) or WorkerError(
+                    f"on Dask worker {row.address}: {(row.error or {}).get('message')}"
+                )
+        return {row.address: row.env_id for row in built.rows}
+
+    def stage(self, runtime_env: RuntimeEnvSpec | Mapping[str, Any]) -> list[str]:
+        """Stage ``runtime_env`` on every current node without building it: its local
+        content is hashed here and each blob sent once to the cluster (the nodes share it).
+        Returns the nodes that have it. Raises the staging error (naming the nodes)."""
+        env = self._staging.env_for(self._spec_of(runtime_env))
+        env.prepared.result()
+        with self._staging.lock:
+            return sorted(env.staged)
+
+    def _spec_of(self, runtime_env: RuntimeEnvSpec | Mapping[str, Any] | None) -> RuntimeEnvSpec:
         from ..session import default_runtime_env
         from ..spec import merge, parse
-        from .node import node_build
 
         if runtime_env is None:
-            spec = default_runtime_env() or parse({})
-        elif isinstance(runtime_env, RuntimeEnvSpec):
-            spec = runtime_env
-        else:
-            spec = merge(default_runtime_env(), parse(dict(runtime_env)))
-        env = self._env_for(spec)
-        manifest = env.prepared.result()
-        nodes = self._nodes()
-        with self._lock:
-            missing = [n for n in nodes if n not in env.staged]
-        if missing:
-            self._stage_nodes(env, manifest, missing)
-        answers = self.client.run(
-            node_build, manifest.token, workers=sorted(env.staged), on_error="return"
-        )
-        built: dict[str, str] = {}
-        for node, answer in sorted(answers.items()):
-            if isinstance(answer, BaseException):
-                raise answer
-            built[node] = answer
-            env.ready.add(node)
-        return built
-
-    # -- staging (threads of ``_staging``) --------------------------------------------------
-
-    def _env_for(self, spec: RuntimeEnvSpec) -> _Env:
-        paths = None
-        if spec.driver_sys_path is True:
-            raw = resolve_driver_sys_path()  # memoised: the common case is one compare
-            memo = self._paths_memo
-            if memo is None or memo[0] is not raw:
-                memo = self._paths_memo = (raw, tuple(p for p in raw if not _in_dask_scratch(p)))
-            paths = memo[1]
-        key = (spec.env_id, paths)
-        with self._lock:
-            if self._shut:
-                raise RuntimeError("this executor was shut down")
-            env = self._envs.get(key)
-            if env is not None and not (env.prepared.done() and env.prepared.exception()):
-                return env
-            env = self._envs[key] = _Env(resolve_for_driver(spec, paths))
-        self._staging.submit(self._prepare, env)
-        return env
-
-    def _prepare(self, env: _Env) -> None:
-        try:
-            self._register_plugin()
-            manifest = build_manifest(env.spec, self.store_root)
-            self._stage_nodes(env, manifest, self._nodes())
-            if not env.staged:
-                raise WorkerError(f"no Dask worker of {self.client.scheduler.address} is up")
-        except BaseException as exc:
-            env.prepared.set_exception(exc)
-        else:
-            env.prepared.set_result(manifest)
-
-    def _register_plugin(self) -> None:
-        with self._plugin_lock:
-            if not self._plugin_registered:
-                self.client.register_plugin(self._plugin)
-                self._plugin_registered = True
-
-    def _nodes(self) -> list[str]:
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        with self._lock:
-            for address, info in workers.items():
-                self._threads[address] = int(info.get("nthreads", 1))
-        return sorted(workers)
-
-    def _preferred(self, env: _Env) -> list[str] | None:
-        """Nodes where the env is READY while they have threads free for it; else every
-        node that has it staged (more nodes build it rather than tasks queue)."""
-        with self._lock:
-            env.inflight += 1
-            capacity = sum(self._threads.get(node, 1) for node in env.ready)
-            if env.ready and env.inflight <= capacity:
-                return sorted(env.ready)
-            return sorted(env.staged) or None
-
-    def _stage_nodes(self, env: _Env, manifest: Manifest, nodes: list[str]) -> None:
-        from .transfer import stage
-
-        staged = stage(self.client, manifest, nodes, self.store_root)
-        with self._lock:
-            self.bytes_sent += staged.bytes_sent
-            self.blobs_sent += staged.blobs_sent
-            env.staged |= staged.nodes
-        if not staged.nodes and staged.errors:
-            problems = "; ".join(f"{node}: {why}" for node, why in sorted(staged.errors.items()))
-            raise WorkerError(f"could not stage the environment on the Dask workers: {problems}")
-
-    def _restage(self, env: _Env, pending: _Pending, node: str) -> None:
-        """A node had not got the env (it joined after staging): stage it, send again."""
-        with self._lock:
-            job = env.restaging.get(node)
-            if job is None or (job.done() and job.exception() is not None):
-                job = env.restaging[node] = self._staging.submit(
-                    self._stage_nodes, env, env.prepared.result(), [node]
-                )
-        job.add_done_callback(lambda _j: self._send(env, pending))
+            return default_runtime_env() or parse({})
+        if isinstance(runtime_env, RuntimeEnvSpec):
+            return runtime_env
+        return merge(default_runtime_env(), parse(dict(runtime_env)))
 
     # -- sending and collecting -------------------------------------------------------------
 
-    def _send(self, env: _Env, pending: _Pending) -> None:
+    def _send(self, env: StagedEnv, pending: _Pending) -> None:
         """Submit the Dask task (any thread). Settles the future if the env cannot be had."""
         if pending.future.done():
             return
@@ -325,10 +295,10 @@ class DaskExecutor(Executor):
         if error is not None:
             self._fail(pending, error)
             return
-        from .node import run_task
+        from .node_ops import run_task
 
         manifest = env.prepared.result()
-        preferred = self._preferred(env)
+        preferred = self._staging.preferred(env)
         pending.key = f"{pending.name}-{uuid.uuid4().hex}"
         try:
             dask_future = self.client.submit(
@@ -346,7 +316,7 @@ class DaskExecutor(Executor):
                 retries=pending.retries or None,
             )
         except Exception as exc:
-            with self._lock:
+            with self._staging.lock:
                 env.inflight -= 1
             self._fail(pending, WorkerError(f"{pending.name}: cannot submit to Dask: {exc}"))
             return
@@ -356,14 +326,14 @@ class DaskExecutor(Executor):
         loop = self.client.loop.asyncio_loop
         asyncio.run_coroutine_threadsafe(self._collect(env, pending, dask_future), loop)
 
-    async def _collect(self, env: _Env, pending: _Pending, dask_future: Any) -> None:
+    async def _collect(self, env: StagedEnv, pending: _Pending, dask_future: Any) -> None:
         """On the client's loop: wait for the Dask task, then settle (or resend)."""
         from distributed import KilledWorker
 
         from .node import NotStaged
 
         answer = await dask_future._result(raiseit=False)
-        with self._lock:
+        with self._staging.lock:
             env.inflight -= 1
         status = dask_future.status
         self._by_key.pop(pending.key, None)
@@ -371,7 +341,9 @@ class DaskExecutor(Executor):
         dask_future.release()
         if status == "finished":
             kind, data, count, node = answer
-            env.ready.add(node)
+            pending.future.node = node
+            with self._staging.lock:
+                env.ready.add(node)
             pending.outcome, pending.expected = (kind, data), count
             if pending.received >= count:
                 self._settle(pending)
@@ -381,8 +353,7 @@ class DaskExecutor(Executor):
         error = answer[1] if status == "error" else None
         if isinstance(error, NotStaged) and pending.restaged < MAX_RESTAGES:
             pending.restaged += 1
-            env.staged.discard(error.node)
-            self._staging.submit(self._restage, env, pending, error.node)
+            self._staging.restage(env, error.node, lambda: self._send(env, pending))
         elif isinstance(error, NotStaged):
             self._fail(
                 pending,
@@ -430,9 +401,14 @@ class DaskExecutor(Executor):
         if dask_future is not None:
             dask_future.cancel()
 
-    def _on_output(self, event: tuple[float, dict[str, Any]]) -> None:
-        """On the client's loop: output lines of a task, from its node."""
+    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:
+        """On the client's loop: a task's output lines, or a cluster build's node events."""
         message = event[1]
+        if "build" in message:
+            receive = self.builds.get(str(message["build"]))
+            if receive is not None:
+                receive(message)
+            return
         pending = self._pending.get(message.get("task", -1))
         if pending is None:
             return
@@ -441,7 +417,7 @@ class DaskExecutor(Executor):
         if pending.outcome is not None and pending.received >= pending.expected:
             self._settle(pending)
 
-    def _lost(self, node: str, keys: set[str]) -> None:
+    def on_lost(self, node: str, keys: set[str]) -> None:
         """On the client's loop: ``node`` left the cluster while running ``keys``. Calls
         without retries fail now, naming it (Dask would run them again elsewhere)."""
         for key in keys:
@@ -450,6 +426,7 @@ class DaskExecutor(Executor):
                 continue
             self._by_key.pop(key, None)
             dask_future, pending.dask = pending.dask, None
+            pending.future.node = node
             self._fail(
                 pending,
                 BrokenWorker(f"{pending.name}: Dask worker {node} was lost while running it"),
@@ -457,62 +434,6 @@ class DaskExecutor(Executor):
             if dask_future is not None:
                 loop = asyncio.get_running_loop()
                 loop.run_in_executor(None, dask_future.cancel)
-
-
-def _in_dask_scratch(path: str) -> bool:
-    """Whether ``path`` is Dask's own scratch space (an in-process scheduler or worker puts
-    its directory on ``sys.path`` for uploaded files): never shipped."""
-    import tempfile
-
-    import dask.config
-
-    root = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
-    scratch = os.path.join(os.path.abspath(root), "dask-scratch-space")
-    return path == scratch or path.startswith(scratch + os.sep)
-
-
-# -- worker removals, shared by the executors of one client ---------------------------------
-
-_watchers: dict[str, list[DaskExecutor]] = {}
-_watchers_lock = threading.Lock()
-
-
-def _watch_workers(client: Any, executor: DaskExecutor) -> None:
-    """Subscribe once per client to the scheduler's ``all`` topic (one handler per topic
-    and client), and fan removals out to its executors."""
-    with _watchers_lock:
-        executors = _watchers.setdefault(client.id, [])
-        first = not executors
-        executors.append(executor)
-    if first:
-        client.subscribe_topic("all", lambda event: _on_scheduler_event(client.id, event))
-
-
-def _unwatch_workers(client: Any, executor: DaskExecutor) -> None:
-    with _watchers_lock:
-        executors = _watchers.get(client.id, [])
-        if executor in executors:
-            executors.remove(executor)
-        last = not executors
-        if last:
-            _watchers.pop(client.id, None)
-    if last and client.status == "running":
-        with contextlib.suppress(Exception):  # the client is closing
-            client.unsubscribe_topic("all")
-
-
-def _on_scheduler_event(client_id: str, event: tuple[float, Any]) -> None:
-    message = event[1]
-    if not isinstance(message, dict) or message.get("action") != "remove-worker":
-        return
-    if message.get("expected"):
-        return  # a graceful retirement: Dask moves its tasks, nothing was lost
-    keys = {str(k) for k in message.get("processing-tasks", ())}
-    node = str(message.get("worker", "?"))
-    with _watchers_lock:
-        executors = list(_watchers.get(client_id, []))
-    for executor in executors:
-        executor._lost(node, keys)
 
 
 __all__ = ["INSTALL_HINT", "DaskExecutor", "require_distributed"]

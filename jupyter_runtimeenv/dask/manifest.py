@@ -42,6 +42,8 @@ _BLOB_MODE = re.compile(r"|x|m([0-7]{3})")
 __all__ = [
     "Manifest",
     "build_manifest",
+    "entries_of",
+    "is_blob_name",
     "materialize_manifest",
     "missing",
     "put_blob",
@@ -72,7 +74,7 @@ class Manifest:
         """Every blob the manifest needs: name -> size."""
         out: dict[str, int] = {}
         for entries in self.trees.values():
-            for entry in _entries(entries, Path()):
+            for entry in entries_of(entries, Path()):
                 out[entry.blob_name] = entry.size
         for sha, (size, mode) in self.files.items():
             out[FileEntry("", "", int(mode), int(size), sha).blob_name] = int(size)
@@ -174,14 +176,22 @@ def missing(manifest: Manifest, cache_root: Path) -> list[str]:
     return sorted(out)
 
 
+def is_blob_name(name: str) -> bool:
+    """Whether ``name`` is a blob's name: a sha256, then nothing, ``-x`` or ``-m`` and a
+    read-only mode. Checked before any path is made from a name that came over the network."""
+    sha, _, flag = name.partition("-")
+    mode = _BLOB_MODE.fullmatch(flag)
+    if len(sha) != 64 or mode is None or any(c not in "0123456789abcdef" for c in sha):
+        return False
+    return not (mode[1] and int(mode[1], 8) & 0o7222)
+
+
 def put_blob(cache_root: Path, name: str, data: bytes) -> None:
     """Store a received blob, after checking it is what its name says. Blocking."""
     sha, _, flag = name.partition("-")
     mode = _BLOB_MODE.fullmatch(flag)
-    if len(sha) != 64 or mode is None or any(c not in "0123456789abcdef" for c in sha):
-        raise ValueError(f"not a blob name: {name!r}")
-    if mode[1] and int(mode[1], 8) & 0o7222:
-        raise ValueError(f"blob {name}: a stored blob is never writable")
+    if not is_blob_name(name) or mode is None:
+        raise ValueError(f"not a blob name (or a writable one): {name!r}")
     if hashlib.sha256(data).hexdigest() != sha:
         raise ValueError(f"blob {name} arrived with other content")
     blob = blob_path(cache_root, name)
@@ -212,7 +222,7 @@ def materialize_manifest(manifest: Manifest, cache_root: Path) -> dict[str, Any]
         if kind == "tree":
             target = base / "trees" / key / name
             if not target.is_dir():
-                entries = _entries(manifest.trees[key], cache_root)
+                entries = entries_of(manifest.trees[key], cache_root)
                 _atomically(target, lambda tmp: materialize(Tree(key, entries), cache_root, tmp))
             return str(target)
         size, mode = manifest.files[key]
@@ -235,7 +245,7 @@ def materialize_manifest(manifest: Manifest, cache_root: Path) -> dict[str, Any]
     return spec
 
 
-def _entries(listing: Iterable[list[Any]], cache_root: Path) -> tuple[FileEntry, ...]:
+def entries_of(listing: Iterable[list[Any]], cache_root: Path) -> tuple[FileEntry, ...]:
     """A listing's entries, each with its blob in ``cache_root`` as the source."""
     out = []
     for rel, mode, size, sha in listing:

@@ -39,6 +39,7 @@ from ..errors import BuildError, RuntimeEnvError, SpecError
 from ..spec import RuntimeEnvSpec, merge, parse
 from ..spec.paths import resolve_path
 from ..workers import envs
+from ..workers.cluster import ClusterExecutor
 
 __all__ = ["RuntimeEnvMagics", "spec_from_args"]
 
@@ -258,7 +259,10 @@ class RuntimeEnvMagics(Magics):
         label = f"runtime env {name!r}" if name else "default runtime env"
         if spec.config.eager_install:
             widget = not args.no_widget and self._widgets()
-            if args.background:
+            cluster = _cluster()
+            if cluster is not None:  # on every node of the cluster at once, a row each
+                _build_on_cluster(cluster, spec, name, widget=widget, background=args.background)
+            elif args.background:
                 self._build_in_background(spec, name, widget=widget)
             else:
                 self._build(spec, name, widget=widget)
@@ -364,6 +368,9 @@ class RuntimeEnvMagics(Magics):
         declared = envs.declared_envs()
         if not declared:
             return "no runtime envs declared (%runtime_env [--name NAME] ... declares one)"
+        cluster = _cluster()
+        if cluster is not None:
+            return _cluster_listing(cluster, declared)
         states = _agent_states()
         rows = [("NAME", "ENV ID", "STATE")]
         for entry in declared:
@@ -371,6 +378,47 @@ class RuntimeEnvMagics(Magics):
             rows.append((entry["name"] or "(default)", entry["env_id"][:12], state))
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
+
+
+def _cluster() -> ClusterExecutor | None:
+    """The session's executor when it runs on nodes (a Dask executor), else ``None``."""
+    executor = session.executor()
+    return executor if isinstance(executor, ClusterExecutor) else None
+
+
+def _build_on_cluster(
+    cluster: ClusterExecutor,
+    spec: RuntimeEnvSpec,
+    name: str | None,
+    *,
+    widget: bool,
+    background: bool,
+) -> None:
+    from .cluster_build import build_on_cluster
+
+    try:
+        build_on_cluster(cluster, spec, name, widget=widget, background=background)
+    except SpecError as exc:
+        raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
+    except RuntimeEnvError as exc:  # no node up, the scheduler gone ...
+        raise UsageError(f"runtime_env: {_first_line(exc)}") from None
+
+
+def _cluster_listing(cluster: ClusterExecutor, declared: list[dict[str, Any]]) -> str:
+    """``--list`` on a cluster: each env's state on the nodes."""
+    from .cluster_build import cluster_states
+
+    specs: dict[str | None, RuntimeEnvSpec] = dict(session.named_envs())
+    default = session.default_runtime_env()
+    if default is not None:
+        specs[None] = default
+    rows = [("NAME", "ENV ID", "STATE ON THE CLUSTER")]
+    for entry in declared:
+        spec = specs.get(entry["name"])
+        state = cluster_states(cluster, spec) if spec is not None else "?"
+        rows.append((entry["name"] or "(default)", entry["env_id"][:12], state))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 
 
 def _has_flags(line: str, name: str | None) -> bool:

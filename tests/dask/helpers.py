@@ -8,7 +8,7 @@ from typing import Any
 
 
 def node_pids(client: Any) -> list[int]:
-    from jupyter_runtimeenv.dask.node import node_info
+    from jupyter_runtimeenv.dask.node_ops import node_info
 
     info = client.run(node_info, on_error="return")
     return [pid for answer in info.values() if isinstance(answer, dict) for pid in answer["pids"]]
@@ -22,7 +22,7 @@ def assert_no_env_workers(client: Any, timeout: float = 15.0) -> None:
 
 
 def roots_of(client: Any) -> dict[str, str]:
-    from jupyter_runtimeenv.dask.node import node_info
+    from jupyter_runtimeenv.dask.node_ops import node_info
 
     return {node: info["cache_root"] for node, info in client.run(node_info).items()}
 

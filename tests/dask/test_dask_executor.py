@@ -131,21 +131,27 @@ def test_local_code_travels_and_driver_copy_may_vanish(
     assert executor.bytes_sent == sent_before  # nothing sent again
 
 
-def test_one_byte_change_sends_one_file(make_executor: Any, tmp_path: Path):
+def test_one_byte_change_sends_one_file_once(make_executor: Any, tmp_path: Path):
     work = tmp_path / "tree"
     for i in range(40):
         (work / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
         (work / f"d{i % 4}" / f"f{i}.txt").write_text(f"file {i}\n" * 50)
+    tree_bytes = sum(p.stat().st_size for p in work.rglob("*.txt"))
     executor = make_executor()
     spec = {"working_dir": str(work), "driver_sys_path": False}
     executor.prepare(spec)
-    first = executor.bytes_sent
-    assert first >= 2 * sum(p.stat().st_size for p in work.rglob("*.txt"))  # both nodes
+    # Each blob left the driver once; the second node copied what it lacked from the first.
+    assert executor.bytes_sent == tree_bytes
+    assert executor.peer_bytes == tree_bytes
+    assert executor.blobs_sent == 40
     (work / "d1" / "f5.txt").write_text("file 5\n" * 49 + "file X\n")
     blobs_before, bytes_before = executor.blobs_sent, executor.bytes_sent
+    peer_before = executor.peer_bytes
     executor.prepare(spec)
-    assert executor.blobs_sent - blobs_before == 2  # the one changed file, to each node
-    assert executor.bytes_sent - bytes_before == 2 * (work / "d1" / "f5.txt").stat().st_size
+    changed = (work / "d1" / "f5.txt").stat().st_size
+    assert executor.blobs_sent - blobs_before == 1  # the one changed file, once
+    assert executor.bytes_sent - bytes_before == changed
+    assert executor.peer_bytes - peer_before == changed  # the other node's copy
 
 
 def test_worker_process_killed_mid_task(make_executor: Any, tmp_path: Path):

@@ -40,7 +40,7 @@ def own_cluster() -> Iterator[Any]:
 
 def test_cluster_closes_with_no_process_left_behind(own_cluster: Any, tmp_path: Path):
     from jupyter_runtimeenv.dask import DaskExecutor
-    from jupyter_runtimeenv.dask.node import node_info
+    from jupyter_runtimeenv.dask.node_ops import node_info
 
     client = distributed.Client(own_cluster, set_as_default=False)
     executor = DaskExecutor(
