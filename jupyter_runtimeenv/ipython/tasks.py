@@ -10,6 +10,11 @@ loop is blocked no more than by ``wait`` (the cell runs on it either way).
 
 An interrupt (``KeyboardInterrupt``) cancels the futures not yet done, which kills the
 workers running them, and raises ``RemoteInterrupt`` (``workers.interrupt``), as ``wait``.
+
+Futures of a cluster (``ClusterFuture``: a Dask executor's) are also counted per node: their
+executor says where each runs or ran (``locate``: one scheduler round trip per refresh,
+only while some run), and the widget shows a row per node under the bar (the text form a
+line per node after the total).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from ..workers.cluster import ClusterFuture
 from ..workers.interrupt import interrupted
 
-__all__ = ["Counts", "TaskProgress", "progress"]
+__all__ = ["Counts", "NodeCounts", "TaskProgress", "progress"]
 
 #: The least time between two refreshes of the view.
 REFRESH_SECONDS = 0.2
@@ -38,6 +44,20 @@ _SEGMENTS = (
 
 
 @dataclass(frozen=True)
+class NodeCounts:
+    """The futures that ran or run on one node."""
+
+    node: str
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+
+    def line(self) -> str:
+        host = self.node.split("://", 1)[-1]
+        return f"  {host}: {self.done} done, {self.failed} failed, {self.running} running"
+
+
+@dataclass(frozen=True)
 class Counts:
     total: int
     done: int
@@ -45,6 +65,8 @@ class Counts:
     running: int
     queued: int
     elapsed: float
+    #: Per node, for futures of a cluster (empty otherwise), by node address.
+    nodes: tuple[NodeCounts, ...] = ()
 
     @property
     def finished(self) -> int:
@@ -62,18 +84,32 @@ class Counts:
         )
 
 
-def count(futures: Sequence[concurrent.futures.Future[Any]], started: float) -> Counts:
+def count(
+    futures: Sequence[concurrent.futures.Future[Any]],
+    started: float,
+    placed: dict[int, str] | None = None,
+) -> Counts:
+    """The counts of ``futures``; ``placed`` (``id(future)`` -> node) adds per-node counts."""
     done = failed = running = 0
+    nodes: dict[str, list[int]] = {}
     for future in futures:
+        slot = 3
         if future.done():
             if future.cancelled() or future.exception() is not None:
                 failed += 1
+                slot = 1
             else:
                 done += 1
+                slot = 0
         elif future.running():
             running += 1
+            slot = 2
+        node = placed.get(id(future)) if placed else None
+        if node is not None and slot < 3:
+            nodes.setdefault(node, [0, 0, 0])[slot] += 1
     queued = len(futures) - done - failed - running
-    return Counts(len(futures), done, failed, running, queued, time.monotonic() - started)
+    per_node = tuple(NodeCounts(node, *nodes[node]) for node in sorted(nodes))
+    return Counts(len(futures), done, failed, running, queued, time.monotonic() - started, per_node)
 
 
 class TaskProgressWidget:
@@ -99,17 +135,54 @@ class TaskProgressWidget:
             f'overflow:hidden;background:var(--jp-layout-color2, #eee)">{bars}</div>'
             '<div style="font-family:var(--jp-code-font-family, monospace);font-size:12px">'
             f"{html.escape(counts.line())}</div>"
+            f"{_node_table(counts.nodes)}"
         )
         if self.html.value != value:
             self.html.value = value
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle: dict[str, Any] = dict(self.html._repr_mimebundle_(**kwargs))
-        bundle["text/plain"] = self.counts.line() if self.counts else "tasks: starting"
+        bundle["text/plain"] = text_of(self.counts) if self.counts else "tasks: starting"
         return bundle
 
     def close(self) -> None:
         self.html.close()
+
+
+def text_of(counts: Counts) -> str:
+    """The total's line, then a line per node (for futures of a cluster)."""
+    return "\n".join([counts.line(), *(node.line() for node in counts.nodes)])
+
+
+def _node_table(nodes: tuple[NodeCounts, ...]) -> str:
+    """A row per node: its address, a small bar of its done/failed/running, the numbers."""
+    if not nodes:
+        return ""
+    cell = "padding:0 8px 0 0;white-space:nowrap"
+    most = max(1, max(n.done + n.failed + n.running for n in nodes))
+    rows = []
+    for node in nodes:
+        bars = "".join(
+            f'<div title="{name}: {getattr(node, name)}" style="width:'
+            f'{100 * getattr(node, name) / most:.2f}%;background:{color}"></div>'
+            for name, color in _SEGMENTS
+            if name != "queued" and getattr(node, name)
+        )
+        bar = (
+            '<div style="display:flex;height:6px;width:12em;border-radius:2px;overflow:hidden;'
+            f'background:var(--jp-layout-color2, #eee)">{bars}</div>'
+        )
+        rows.append(
+            f'<tr><td style="{cell}"><code>{html.escape(node.node)}</code></td>'
+            f'<td style="{cell}">{bar}</td>'
+            f'<td style="{cell}">{node.done} done, {node.failed} failed,'
+            f" {node.running} running</td></tr>"
+        )
+    return (
+        '<table style="border-collapse:collapse;margin-top:2px;'
+        'font-family:var(--jp-code-font-family, monospace);font-size:12px">'
+        f"{''.join(rows)}</table>"
+    )
 
 
 class TaskProgress:
@@ -124,6 +197,12 @@ class TaskProgress:
     ) -> None:
         self.futures = list(futures)
         self.started = time.monotonic()
+        #: The executors of the futures that run on nodes (each asked where they run).
+        self._clusters = list(
+            {
+                id(f.executor): f.executor for f in self.futures if isinstance(f, ClusterFuture)
+            }.values()
+        )
         self._out = out or sys.stdout
         self._shown = 0.0
         self._widget: TaskProgressWidget | None = None
@@ -140,7 +219,13 @@ class TaskProgress:
         self._live = self._widget is None and _isatty(self._out)
 
     def counts(self) -> Counts:
-        return count(self.futures, self.started)
+        placed: dict[int, str] = {}
+        for executor in self._clusters:
+            try:
+                placed.update(executor.locate(self.futures))
+            except Exception:  # the cluster cannot be asked now: counted in total only
+                continue
+        return count(self.futures, self.started, placed)
 
     def update(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -162,7 +247,8 @@ class TaskProgress:
             if self._handle is not None:
                 self._handle.update(self._widget)  # the text/plain form, for saved notebooks
         else:
-            self._out.write(f"\r{counts.line()}\n" if self._live else f"{counts.line()}\n")
+            text = text_of(counts)
+            self._out.write(f"\r{text}\n" if self._live else f"{text}\n")
             self._out.flush()
 
     def wait(self, until: int, timeout: float | None = None) -> None:
