@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -55,7 +56,23 @@ report.install()
 
 
 def _executor() -> Executor:
-    return session.executor_or(LocalExecutor)
+    return session.executor_or(_default_executor)
+
+
+def _default_executor() -> Executor:
+    """A ``LocalExecutor``; in a kernel started on a Dask node (a ``--dask`` kernelspec), a
+    ``DaskExecutor`` on that kernel's cluster, so its tasks go to the cluster by default."""
+    address = os.environ.get(session.CLUSTER_VAR)
+    if address:
+        from .dask import DaskExecutor
+        from .dask.node_kernels import claim_executor
+
+        cluster = DaskExecutor(
+            address, node_cache_dir=os.environ.get(session.NODE_CACHE_VAR) or None
+        )
+        claim_executor(cluster)  # its pools on the nodes end with this kernel
+        return cluster
+    return LocalExecutor()
 
 
 def init(runtime_env: EnvLike | None = None, executor: Executor | Any | None = None) -> None:

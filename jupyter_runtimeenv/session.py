@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from .workers.executor import Executor
 
 __all__ = [
+    "CLUSTER_VAR",
     "NAME_PATTERN",
+    "NODE_CACHE_VAR",
     "check_name",
     "clear",
     "declare",
@@ -41,6 +43,12 @@ __all__ = [
     "observe",
     "replace",
 ]
+
+#: Set in the environment of a kernel started on a Dask node (``kernels/remote.py``): the
+#: scheduler's address as the node sees it. The API then makes the session's executor a
+#: ``DaskExecutor`` on that cluster, and ``NODE_CACHE_VAR`` (when set) is its nodes' cache dir.
+CLUSTER_VAR = "JUPYTER_RUNTIMEENV_DASK_SCHEDULER"
+NODE_CACHE_VAR = "JUPYTER_RUNTIMEENV_NODE_CACHE_DIR"
 
 #: What an env name may look like: a word, as in a Python identifier, plus ``-`` and ``.``.
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")

@@ -51,6 +51,8 @@ class NodeKernel:
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
     pids: set[int] = field(default_factory=set)
+    #: Ids of the ``DaskExecutor``s the kernel made (their pools on every node end with it).
+    owners: set[str] = field(default_factory=set)
 
 
 def running(kernel: NodeKernel) -> bool:

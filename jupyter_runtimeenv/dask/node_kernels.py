@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -40,11 +41,16 @@ from distributed.worker import Worker
 
 from ..agent.events import Event
 from ..errors import BuildError, KernelStartError
+from ..session import CLUSTER_VAR
 from .kernel_process import NodeKernel, kill, launch, node_ip, running
 from .node import PLUGIN_NAME as NODE_PLUGIN_NAME
 from .node import NodeAgent
 
 PLUGIN_NAME = "jupyter-runtimeenv-node-kernels"
+#: Set in a kernel's environment: its node (the Dask worker's address) and its kernel id.
+KERNEL_NODE_VAR = "JUPYTER_RUNTIMEENV_KERNEL_NODE"
+KERNEL_ID_VAR = "JUPYTER_RUNTIMEENV_REMOTE_KERNEL_ID"
+log = logging.getLogger(__name__)
 _KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: How often installer lines are sent to the provisioner (one Dask event per batch).
 LOG_BATCH_SECONDS = 0.25
@@ -171,8 +177,9 @@ class NodeKernels:
             **env,
             "JPY_PARENT_PID": str(os.getpid()),
             "JUPYTER_RUNTIMEENV_CACHE": str(self._node().cache_root),
-            "JUPYTER_RUNTIMEENV_KERNEL_NODE": self.address,
-            "JUPYTER_RUNTIMEENV_DASK_SCHEDULER": str(self.worker.scheduler.address),
+            KERNEL_NODE_VAR: self.address,
+            KERNEL_ID_VAR: kernel_id,
+            CLUSTER_VAR: str(self.worker.scheduler.address),  # its session's executor
         }
         return await asyncio.to_thread(
             launch, kernel, self.address, self._exited, host, argv, variables, start_timeout
@@ -211,18 +218,28 @@ class NodeKernels:
             return {"exit": kernel.exit_code if kernel.exit_code is not None else -1, "known": True}
         return {"exit": kernel.proc.poll(), "known": True}
 
-    async def stop(self, kernel_id: str, *, forget: bool) -> None:
-        """Kill the kernel and every process it started. With ``forget`` (not a restart),
+    def own(self, kernel_id: str, owner: str) -> bool:
+        """Record that the kernel made the ``DaskExecutor`` ``owner``; whether it is known."""
+        kernel = self._kernels.get(kernel_id)
+        if kernel is None:
+            return False
+        kernel.owners.add(owner)
+        return True
+
+    async def stop(self, kernel_id: str, *, forget: bool) -> list[str]:
+        """Kill the kernel and every process it started; the executors it made (their pools,
+        on every node, are for the caller to close). With ``forget`` (not a restart),
         release its env and remove its directory too."""
         with self._lock:
             kernel = self._kernels.get(kernel_id)
             if kernel is not None and forget:
                 del self._kernels[kernel_id]
         if kernel is None:
-            return
+            return []
         await asyncio.to_thread(kill, kernel)
+        owners, kernel.owners = sorted(kernel.owners), set()
         if not forget:
-            return
+            return owners
         ctx, kernel.ctx = kernel.ctx, None
         if ctx is not None:
             node = self._node_or_none()
@@ -230,6 +247,7 @@ class NodeKernels:
                 with contextlib.suppress(Exception):  # a stopping agent dropped it already
                     await node.on_agent_loop(node.agent.release(ctx.env_id, _holder(kernel_id)))
         await asyncio.to_thread(shutil.rmtree, kernel.directory, True)
+        return owners
 
     def info(self) -> dict[str, Any]:
         """The kernels of this node (tests and the provisioner's checks)."""
@@ -398,10 +416,30 @@ async def node_kernel_poll(kernel_id: str, dask_worker: Worker) -> dict[str, Any
     return await kernels.poll(kernel_id)
 
 
-async def node_kernel_stop(kernel_id: str, forget: bool, dask_worker: Worker) -> None:
+async def node_kernel_stop(kernel_id: str, forget: bool, dask_worker: Worker) -> list[str]:
     kernels = getattr(dask_worker.plugins.get(PLUGIN_NAME), "kernels", None)
     if isinstance(kernels, NodeKernels):
-        await kernels.stop(kernel_id, forget=forget)
+        return await kernels.stop(kernel_id, forget=forget)
+    return []
+
+
+async def node_kernel_own(kernel_id: str, owner: str, dask_worker: Worker) -> bool:
+    kernels = getattr(dask_worker.plugins.get(PLUGIN_NAME), "kernels", None)
+    return isinstance(kernels, NodeKernels) and kernels.own(kernel_id, owner)
+
+
+def claim_executor(executor: Any) -> None:
+    """In a kernel on a Dask node: tell the node that ``executor`` (a ``DaskExecutor`` the
+    kernel's session made) is the kernel's, so that its pools end with the kernel (on every
+    node, at shutdown or restart, however the kernel ends). Elsewhere: nothing."""
+    kernel_id = os.environ.get(KERNEL_ID_VAR)
+    node = os.environ.get(KERNEL_NODE_VAR)
+    if not kernel_id or not node:
+        return
+    try:
+        executor.client.run(node_kernel_own, kernel_id, executor.id, workers=[node])
+    except Exception as exc:  # the kernel still works; its pools then end by idling
+        log.warning("jupyter_runtimeenv: cannot tie the executor to kernel %s: %s", kernel_id, exc)
 
 
 async def node_kernel_info(dask_worker: Worker) -> dict[str, Any]:

@@ -41,13 +41,11 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Dict, Float, Unicode
 
 from ..errors import KernelStartError, RuntimeEnvError
+from ..session import NODE_CACHE_VAR
 from . import placement
 from .cluster import ClusterLink, KernelEvents
 
 PROVISIONER_NAME = "runtime-env-dask-provisioner"
-#: Set in the kernel's environment: its session's executor is this cluster.
-SCHEDULER_VAR = "JUPYTER_RUNTIMEENV_DASK_SCHEDULER"
-NODE_CACHE_VAR = "JUPYTER_RUNTIMEENV_NODE_CACHE_DIR"
 #: Passed from the server's environment to the kernel's (nothing else of the server's is).
 _PASSED = ("JPY_SESSION_NAME",)
 #: ``poll`` asks the node at most this often (the kernel manager polls every 0.1 s while
@@ -258,9 +256,10 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         link, node = self._link, self.node
         if link is not None and node is not None and not await self._node_gone():
             try:
-                await self._call(
+                owners = await self._call(
                     node_kernel_stop, self.kernel_id, not restart, timeout=self.request_timeout
                 )
+                await self._forget_pools(link, owners)
             except Exception as exc:  # a gone node took the kernel with it
                 self.log.warning(
                     "jupyter_runtimeenv: kernel %s: stopping it on Dask worker %s failed: %s",
@@ -273,6 +272,20 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         if self._events is not None and self.failure is None:
             self._events.emit("stopped", f"kernel stopped on Dask worker {node}")
         await self._disconnect()
+
+    async def _forget_pools(self, link: ClusterLink, owners: list[str]) -> None:
+        """Close the pools the kernel's own executors left on every node (the kernel is
+        gone; whatever its tasks started goes with it)."""
+        from ..dask.node import node_forget
+
+        if not owners:
+            return
+        nodes = await asyncio.to_thread(link.nodes)
+        for owner in owners:
+            await asyncio.wait_for(
+                asyncio.to_thread(link.run_all, node_forget, owner, nodes=nodes),
+                self.request_timeout,
+            )
 
     # -- persistence (jupyter_client's contract for remote kernels) -------------------------
 
@@ -470,4 +483,4 @@ def _no_restart(manager: Any) -> None:
         restarter._restart_count = limit
 
 
-__all__ = ["NODE_CACHE_VAR", "PROVISIONER_NAME", "SCHEDULER_VAR", "DaskKernelProvisioner"]
+__all__ = ["PROVISIONER_NAME", "DaskKernelProvisioner"]

@@ -24,6 +24,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from jupyter_runtimeenv.kernels import install_kernelspec
+from tests.dask.helpers import assert_no_env_workers, node_pids
 from tests.kernels.dask_nodes import DaskNodes, alive, ancestors, wait_until
 from tests.wheelhouse import make_wheelhouse
 
@@ -246,3 +247,52 @@ def test_a_node_with_the_env_ready_is_picked_else_the_least_loaded(
         for km in managers:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
+
+
+def test_inside_the_kernel_remote_calls_and_cells_go_to_the_same_cluster(
+    nodes: DaskNodes, started: tuple[KernelManager, BlockingKernelClient]
+) -> None:
+    km, client = started
+    setup = (
+        "%load_ext jupyter_runtimeenv\n"
+        "%runtime_env --env-var X=from-the-cell --no-widget\n"
+        "import jupyter_runtimeenv.session as s"
+    )
+    reply, messages = run(client, setup, timeout=240)
+    assert reply["status"] == "ok", reply
+
+    call = (
+        "import os\n"
+        "@remote\n"
+        "def where():\n"
+        "    import os\n"
+        "    return os.getpid(), os.environ['X']\n"
+        "pid, x = where.remote().result(timeout=240)\n"
+        "print(type(s.executor()).__name__, pid, x)"
+    )
+    reply, messages = run(client, call, timeout=300)
+    assert reply["status"] == "ok", reply
+    kind, pid, x = stream(messages, "stdout").split()[-3:]
+    assert kind == "DaskExecutor"
+    assert x == "from-the-cell"
+    workers = set(nodes.worker_pids().values())
+    assert workers & set(ancestors(int(pid)))  # a worker process on a node of the cluster
+
+    cell = "%%remote --out y\nimport os\ny = os.environ['X'] + '!'\nprint('remote', os.getpid())"
+    reply, messages = run(client, cell, timeout=300)
+    assert reply["status"] == "ok", reply
+    remote_pid = int(stream(messages, "stdout").split()[-1])
+    assert workers & set(ancestors(remote_pid))
+    reply, messages = run(client, "print(y)")
+    assert stream(messages, "stdout").strip() == "from-the-cell!"
+
+    # %driver_sys_path is the kernel's own sys.path on its node: its working directory there.
+    reply, messages = run(client, "%driver_sys_path")
+    node = km.provisioner.node  # type: ignore[union-attr]
+    directory = nodes.node_kernels()[node][km.kernel_id]["directory"]
+    assert f"{directory}/work" in stream(messages, "stdout")
+
+    # Shutdown ends the kernel's workers on every node too, not only the kernel.
+    assert node_pids(nodes.client)
+    km.shutdown_kernel()
+    assert_no_env_workers(nodes.client, timeout=30)
