@@ -153,8 +153,9 @@ def test_interrupt_stops_a_sleep_through_the_node_agent(
     # Bounded well under the sleep: only the interrupt can end the cell this soon. The
     # latency itself is measured in benchmarks/bench_remote_kernel.py.
     reply = client.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:  # a late kernel_info reply
+        reply = client.get_shell_msg(timeout=30)
     elapsed = time.monotonic() - started_at
-    assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt", (reply["content"], elapsed)
     # The kernel lives on (ipykernel aborts requests that arrive just after an error).
