@@ -333,8 +333,8 @@ class RuntimeEnvMagics(Magics):
             except BaseException:  # shown by the widget; the first task raises it too
                 return
             finally:
-                if view is not None and handle is not None:
-                    handle.update(view)
+                if view is not None:
+                    view.finalize(handle)
             self._hold(name, summary.env_id, holder)
 
         threading.Thread(target=run, name="runtime-env-background-build", daemon=True).start()
@@ -479,8 +479,9 @@ def _show_widget(env_id: str) -> tuple[Any, Any]:
 
 
 def _build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
-    """``build_now`` shown in a ``BuildStatusWidget``, displayed now and updated at the end
-    (the update refreshes its text/plain form for text-only frontends and saved notebooks)."""
+    """``build_now`` shown in a ``BuildStatusWidget``, displayed now and replaced at the end by
+    its static form (text/html and text/plain: what text-only frontends and saved notebooks
+    show)."""
     from ..client import get_client
     from .progress import build_now
 
@@ -488,5 +489,4 @@ def _build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
     try:
         return build_now(spec, get_client(), holder, sys.stdout, widget)
     finally:
-        if handle is not None:
-            handle.update(widget)
+        widget.finalize(handle)

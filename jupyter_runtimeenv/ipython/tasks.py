@@ -244,8 +244,10 @@ class TaskProgress:
         counts = self.counts()
         if self._widget is not None:
             self._widget.show(counts)
-            if self._handle is not None:
-                self._handle.update(self._widget)  # the text/plain form, for saved notebooks
+            from .static import finalize
+
+            # The bar stays readable without the kernel (saved notebooks): static HTML + text.
+            finalize(self._handle, self._widget.html, counts.line())
         else:
             text = text_of(counts)
             self._out.write(f"\r{text}\n" if self._live else f"{text}\n")

@@ -244,6 +244,14 @@ class BuildStatusWidget:
         bundle["text/plain"] = self.text()
         return bundle
 
+    def finalize(self, handle: Any) -> None:
+        """Replace the displayed widget (``handle``) by its static HTML and text, so that the
+        finished build stays readable in a saved notebook (``static.py``). Called by its
+        owner once the build ended."""
+        from .static import finalize
+
+        finalize(handle, self.box, self.text())
+
     def close(self) -> None:
         """Close the widgets' comms (the frontend drops the view)."""
         self.box.close()
@@ -252,7 +260,9 @@ class BuildStatusWidget:
 
 
 _STEP_PREFIX = re.compile(r"^\[[^\]]*\] ")
-_CELL = "padding:1px 6px;line-height:1.3"
+# text-align: the static copy of a finished widget sits in JupyterLab's rendered HTML, whose
+# table cells align right.
+_CELL = "padding:1px 6px;line-height:1.3;text-align:left"
 
 
 def _duration(entry: dict[str, Any]) -> float | None:

@@ -18,6 +18,7 @@ import iconSvg from '../style/icon.svg';
 import { ServerTransport } from './api';
 import { RuntimeEnvModel } from './model';
 import { NotebookEnvBadge, saveEnvToNotebook } from './notebook';
+import { followFinalUpdates } from './outputs';
 import { RuntimeEnvPanel } from './panel';
 
 const PLUGIN_ID = 'jupyter-runtimeenv:plugin';
@@ -100,6 +101,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.docRegistry.addWidgetExtension('Notebook', {
       createNew: (nb: NotebookPanel, _context: DocumentRegistry.IContext<any>) => {
+        followFinalUpdates(nb);
         const badge = new NotebookEnvBadge(nb, transport, model);
         nb.toolbar.insertItem(10, 'runtimeEnv', badge);
         return badge;

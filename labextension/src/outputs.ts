@@ -1,0 +1,175 @@
+/**
+ * Finished widgets that stay readable without a kernel (``ipython/static.py``).
+ *
+ * When a build or a progress bar ends, the kernel replaces its widget output by static
+ * ``text/html`` + ``text/plain`` (``update_display_data``), and names in the update's
+ * metadata the widget models it replaces. JupyterLab applies an update only while the cell
+ * area that displayed the output, while that area lives; a background build may end after
+ * the notebook was closed and reopened. So for every notebook we watch the kernel's iopub
+ * messages and swap, in any cell, an output that shows one of the named models for the
+ * static one (what the saved notebook then keeps), and when the notebook connects to its
+ * kernel we ask the kernel for the static forms of the widgets it shows that finished
+ * meanwhile (``final_bundles``, a silent ``user_expressions`` request that imports nothing:
+ * it answers only in a kernel that loaded the extension).
+ */
+import type { NotebookPanel } from '@jupyterlab/notebook';
+
+export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
+export const METADATA_KEY = 'jupyter_runtimeenv';
+
+/** The part of a kernel message this module reads. */
+export interface IMessageLike {
+  header: { msg_type: string };
+  content: unknown;
+}
+
+/** The part of an output list (``IOutputAreaModel``) this module uses. */
+export interface IOutputsLike {
+  readonly length: number;
+  get(index: number): { data: Record<string, unknown> };
+  set(index: number, output: IStaticOutput): void;
+}
+
+export interface IStaticOutput {
+  output_type: 'display_data';
+  data: Record<string, unknown>;
+  metadata: Record<string, unknown>;
+}
+
+/** The widget model ids a final update replaces (none for any other message). */
+export function replacedModels(msg: IMessageLike): string[] {
+  if (msg.header.msg_type !== 'update_display_data') {
+    return [];
+  }
+  const content = msg.content as { metadata?: Record<string, unknown> };
+  const ours = content?.metadata?.[METADATA_KEY] as
+    | { replaces?: unknown }
+    | undefined;
+  const ids = ours?.replaces;
+  return Array.isArray(ids) ? ids.filter(id => typeof id === 'string') : [];
+}
+
+/** Swap every output of ``outputs`` showing one of ``ids``; how many were swapped. */
+export function replaceOutputs(
+  outputs: IOutputsLike,
+  ids: string[],
+  output: IStaticOutput
+): number {
+  let swapped = 0;
+  for (let i = 0; i < outputs.length; i++) {
+    const view = outputs.get(i).data[WIDGET_MIME] as
+      | { model_id?: unknown }
+      | undefined;
+    if (view && typeof view.model_id === 'string' && ids.includes(view.model_id)) {
+      outputs.set(i, output);
+      swapped += 1;
+    }
+  }
+  return swapped;
+}
+
+/** Every widget model id shown by an output of ``outputs``. */
+export function widgetModels(outputs: IOutputsLike): string[] {
+  const ids: string[] = [];
+  for (let i = 0; i < outputs.length; i++) {
+    const view = outputs.get(i).data[WIDGET_MIME] as
+      | { model_id?: unknown }
+      | undefined;
+    if (view && typeof view.model_id === 'string') {
+      ids.push(view.model_id);
+    }
+  }
+  return ids;
+}
+
+/** The Python expression asking the kernel for the static forms of ``ids``. */
+export function finalsExpression(ids: string[]): string {
+  const module = "__import__('sys').modules.get('jupyter_runtimeenv.ipython.static')";
+  // Model ids are hex strings: their JSON list is a Python list literal.
+  return `getattr(${module}, 'final_bundles', lambda ids: None)(${JSON.stringify(ids)})`;
+}
+
+function codeOutputs(panel: NotebookPanel): IOutputsLike[] {
+  const cells = panel.model?.cells;
+  const out: IOutputsLike[] = [];
+  for (let i = 0; cells && i < cells.length; i++) {
+    const cell = cells.get(i);
+    if (cell.type === 'code') {
+      out.push((cell as unknown as { outputs: IOutputsLike }).outputs);
+    }
+  }
+  return out;
+}
+
+/** Ask ``panel``'s kernel for the final forms of the widgets the notebook shows; swap them. */
+export async function fetchFinals(panel: NotebookPanel): Promise<number> {
+  const kernel = panel.sessionContext.session?.kernel;
+  const lists = codeOutputs(panel);
+  const ids = lists.flatMap(widgetModels);
+  if (!kernel || !ids.length) {
+    return 0;
+  }
+  const future = kernel.requestExecute(
+    {
+      code: '',
+      silent: true,
+      store_history: false,
+      user_expressions: { finals: finalsExpression(ids) }
+    },
+    true
+  );
+  const reply = await future.done;
+  const answer = (
+    reply.content as { user_expressions?: Record<string, any> }
+  ).user_expressions?.finals;
+  const found = answer?.status === 'ok' ? answer.data?.['application/json'] : null;
+  let swapped = 0;
+  for (const [id, final] of Object.entries((found ?? {}) as Record<string, any>)) {
+    const output: IStaticOutput = {
+      output_type: 'display_data',
+      data: final.data,
+      metadata: final.metadata ?? {}
+    };
+    for (const outputs of lists) {
+      swapped += replaceOutputs(outputs, [id], output);
+    }
+  }
+  return swapped;
+}
+
+/** Follow ``panel``'s kernel: apply final updates to outputs of any cell, and fetch the
+ * finals of widgets that ended while no view of this notebook listened. */
+export function followFinalUpdates(panel: NotebookPanel): void {
+  const fetch = () =>
+    void fetchFinals(panel).catch(reason =>
+      console.debug('jupyter-runtimeenv: no final widget outputs', reason)
+    );
+  void panel.sessionContext.ready.then(fetch);
+  panel.sessionContext.kernelChanged.connect(fetch);
+  panel.sessionContext.iopubMessage.connect((_, msg) => {
+    const ids = replacedModels(msg);
+    const cells = panel.model?.cells;
+    if (!ids.length || !cells) {
+      return;
+    }
+    const content = msg.content as {
+      data: Record<string, unknown>;
+      metadata: Record<string, unknown>;
+    };
+    const output: IStaticOutput = {
+      output_type: 'display_data',
+      data: content.data,
+      metadata: content.metadata
+    };
+    for (let i = 0; i < cells.length; i++) {
+      const cell = cells.get(i);
+      if (cell.type === 'code') {
+        replaceOutputs(
+          (cell as unknown as { outputs: IOutputsLike }).outputs,
+          ids,
+          output
+        );
+      }
+    }
+  });
+}

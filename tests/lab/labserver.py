@@ -1,0 +1,125 @@
+"""The browser tests' parts: a real ``jupyter lab`` subprocess and a headless Chromium page.
+
+Debian's chromium is driven by Playwright through ``executable_path`` (browser downloads are
+not possible here; ``.ci/run`` installs chromium with apt-get when it is missing). The server
+is a ``jupyter lab`` subprocess on 127.0.0.1 with the extension as installed in this
+environment (``./dev`` builds and links it). Screenshots go to ``tests/lab/screenshots/``
+(git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_process import JupyterProcess
+
+from tests.server.plugins import SCRIPT
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = Path(__file__).parent / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+BUILT = Path(sys.prefix, "share", "jupyter", "labextensions", "jupyter-runtimeenv", "package.json")
+
+
+def needs_browser() -> list[pytest.MarkDecorator]:
+    """The marks of a browser test: skipped without chromium, bounded in time."""
+    return [
+        pytest.mark.skipif(
+            not os.path.exists(CHROMIUM), reason="no chromium (apt-get install chromium)"
+        ),
+        pytest.mark.timeout(400),
+    ]
+
+
+class Lab(JupyterProcess):
+    """A ``jupyter lab`` subprocess serving ``tmp/root`` and REST calls to it. A second
+    ``Lab`` on the same ``tmp`` is the same server restarted: same root, cache, settings."""
+
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        root = tmp / "root"
+        root.mkdir(exist_ok=True)
+        # No "get notified about Jupyter news?" toast over the screenshots.
+        news = tmp / "settings" / "@jupyterlab" / "apputils-extension"
+        news.mkdir(parents=True, exist_ok=True)
+        (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+            "JUPYTER_DATA_DIR": str(tmp / "data"),
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_RUNTIMEENV_CACHE": str(tmp / "cache"),
+        }
+        super().__init__(
+            "jupyterlab",
+            root,
+            tmp / f"lab-{len(list(tmp.glob('lab*.log')))}.log",
+            env=env,
+            args=[
+                f"--LabApp.user_settings_dir={tmp / 'settings'}",
+                f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+                "--LabApp.expose_app_in_browser=True",
+                "--RuntimeEnvExtension.kernel_sweep_interval=0.5",
+                f"--RuntimeEnvExtension.allowed_plugins={SCRIPT}",
+                *extra,
+            ],
+        )
+
+
+class Page:
+    """A browser page on a server, with the helpers every browser test uses."""
+
+    def __init__(self, browser: Any, prefix: str) -> None:
+        self.page = browser.new_page(viewport={"width": 1280, "height": 800})
+        self.prefix = prefix
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        SHOTS.mkdir(exist_ok=True)
+        for old in SHOTS.glob(f"{prefix}-*.png"):
+            old.unlink()
+
+    def shot(self, name: str, target: Any = None) -> Path:
+        path = SHOTS / f"{self.prefix}-{name}.png"
+        (target or self.page).screenshot(path=str(path))
+        return path
+
+    def command(self, command: str, args: dict[str, Any] | None = None, wait: bool = True) -> Any:
+        """Run a JupyterLab command; ``wait=False`` returns at once (``run-all-cells``
+        resolves only when every cell ran)."""
+        script = "([c, a]) => window.jupyterapp.commands.execute(c, a)"
+        if not wait:
+            script = "([c, a]) => { void window.jupyterapp.commands.execute(c, a); }"
+        return self.page.evaluate(script, [command, args or {}])
+
+    def open_notebook(self, server: Lab, path: str) -> None:
+        """Open JupyterLab on ``server`` with notebook ``path``, its kernel started (the
+        kernel dialog, if one comes up, answered with the notebook's own kernel)."""
+        self.page.goto(f"{server.url}lab?token={server.token}")
+        self.page.locator(".jp-LabShell").wait_for(timeout=90_000)
+        self.page.wait_for_function("() => window.jupyterapp?.commands", timeout=90_000)
+        self.command("docmanager:open", {"path": path})
+        idle = self.page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        select = self.page.locator(".jp-Dialog-button.jp-mod-accept")
+        idle.or_(select).first.wait_for(timeout=90_000)
+        if select.count():
+            select.first.click()
+        idle.wait_for(timeout=90_000)
+
+    def theme(self, name: str) -> None:
+        self.command("apputils:change-theme", {"theme": name})
+        self.page.wait_for_timeout(800)
