@@ -50,7 +50,9 @@ _COLORS = {
     "PENDING": "var(--jp-ui-font-color2, gray)",
 }
 _MARKS = {"READY": "&#10003;", "FAILED": "&#10007;", "BUILDING": "&#9679;"}
-_CELL = "padding:1px 8px 1px 0;line-height:1.3;white-space:nowrap"
+# text-align: a finished widget's static copy sits in JupyterLab's rendered HTML, whose table
+# cells align right.
+_CELL = "padding:1px 8px 1px 0;line-height:1.3;white-space:nowrap;text-align:left"
 _LOG_STYLE = (
     "max-height:10em;overflow:auto;display:flex;flex-direction:column-reverse;"
     "border:1px solid var(--jp-border-color2, #ddd);border-radius:2px;"
@@ -303,7 +305,10 @@ def build_on_cluster(
                 shown.show(rows, rows.drain())
                 shown.finish(rows, result)
                 if handle is not None:
-                    handle.update(shown)  # the text/plain form, for saved notebooks
+                    from .static import finalize
+
+                    # Readable without the kernel (saved notebooks): static HTML + text.
+                    finalize(handle, shown.box, shown.text())
         return result
 
     if background:

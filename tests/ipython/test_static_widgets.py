@@ -160,3 +160,71 @@ def test_the_kernel_answers_a_frontends_question_for_finished_widgets(
     found = result["data"]["application/json"]
     assert list(found) == [model_id]
     assert found[model_id]["data"] == final["content"]["data"]
+
+
+def test_a_cluster_builds_static_form_has_a_row_per_node() -> None:
+    """The per-node widget of a Dask build (``cluster_build.py``) turns static the same way:
+    the rows are drawn from its widget tree. No kernel: the widgets' values are what a
+    frontend would be sent."""
+    from jupyter_runtimeenv.ipython.cluster_build import ClusterBuildWidget, NodeRows
+    from jupyter_runtimeenv.ipython.static import final_bundles, finalize
+    from jupyter_runtimeenv.workers.cluster import NodeBuild
+
+    class Handle:  # what IPython's display(..., display_id=True) returns, recording updates
+        def __init__(self) -> None:
+            self.updates: list[tuple[Any, dict[str, Any]]] = []
+
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            self.updates.append((obj, kwargs))
+
+    widget = ClusterBuildWidget()
+    rows = NodeRows()
+    ok = NodeBuild("tcp://127.0.0.1:4001", state="READY", env_id="ab" * 32, seconds=1.0)
+    bad = NodeBuild("tcp://127.0.0.1:4002", state="FAILED", env_id="ab" * 32, step="pip: six")
+    bad.error = {"message": "no matching distribution for six", "step": "pip: six"}
+    bad.lines.append("uv: six was not found")
+    rows.nodes("ab" * 32, [ok, bad])
+    widget.finish(rows, None)
+    handle = Handle()
+    try:
+        static = finalize(handle, widget.box, widget.text())
+        for html in (static.html, static.text):
+            assert "tcp://127.0.0.1:4001" in html
+            assert "tcp://127.0.0.1:4002" in html
+            assert "FAILED" in html
+        assert "uv: six was not found" in static.html
+        [(sent, kwargs)] = handle.updates
+        assert sent is static
+        [model_id] = kwargs["metadata"][METADATA_KEY]["replaces"]
+        assert final_bundles([model_id]).found[model_id]["data"]["text/html"] == static.html
+    finally:
+        widget.close()
+
+
+def test_a_cluster_build_in_a_kernel_ends_static_with_its_node(
+    client: BlockingKernelClient, tmp_path: Path
+) -> None:
+    """``%runtime_env`` on a Dask session executor (a real ``LocalCluster`` started in the
+    kernel, one worker process on 127.0.0.1) shows a row per node, then its static form."""
+    setup = (
+        "import distributed, jupyter_runtimeenv as jre\n"
+        "from jupyter_runtimeenv.dask import DaskExecutor\n"
+        "cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,"
+        " host='127.0.0.1', dashboard_address=None)\n"
+        "dask_client = distributed.Client(cluster, set_as_default=False)\n"
+        f"jre.init(executor=DaskExecutor(dask_client, node_cache_dir={str(tmp_path / 'node')!r}))\n"
+        "address = list(dask_client.scheduler_info()['workers'])[0]\n"
+        "print(address)"
+    )
+    reply, messages = execute(client, setup, timeout=180)
+    assert reply["status"] == "ok", reply
+    address = "".join(m["content"]["text"] for m in of_type(messages, "stream")).split()[-1]
+    try:
+        reply, messages = execute(client, "%runtime_env --env-var ON=cluster", timeout=180)
+        assert reply["status"] == "ok", reply
+        html, text = _check_static(*_shown_and_final(messages))
+        assert address in html
+        assert "READY on 1/1 nodes" in html
+        assert address in text
+    finally:
+        execute(client, "jre.shutdown(); dask_client.close(); cluster.close()", timeout=120)
