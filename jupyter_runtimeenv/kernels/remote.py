@@ -276,7 +276,7 @@ class DaskKernelProvisioner(KernelProvisionerBase):
     async def _forget_pools(self, link: ClusterLink, owners: list[str]) -> None:
         """Close the pools the kernel's own executors left on every node (the kernel is
         gone; whatever its tasks started goes with it)."""
-        from ..dask.node import node_forget
+        from ..dask.node_ops import node_forget
 
         if not owners:
             return

@@ -45,6 +45,37 @@ def ancestors(pid: int) -> list[int]:
         return []
 
 
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The TCP (ip, port) pairs ``pid`` listens on, read from its own /proc (so a process in
+    another network namespace is seen as it binds there). Empty if it is gone."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+        tables = {t: Path(f"/proc/{pid}/net/{t}").read_text() for t in ("tcp", "tcp6")}
+    except OSError:
+        return set()
+    found = set()
+    for table, text in tables.items():
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_ip)
+            if table == "tcp":
+                ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+            else:  # four little-endian 32-bit words
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                ip = socket.inet_ntop(socket.AF_INET6, words)
+            found.add((ip, int(hex_port, 16)))
+    return found
+
+
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
@@ -25,7 +24,7 @@ from jupyter_client.manager import KernelManager
 
 from jupyter_runtimeenv.kernels import install_kernelspec
 from tests.dask.helpers import assert_no_env_workers, node_pids
-from tests.kernels.dask_nodes import DaskNodes, alive, ancestors, wait_until
+from tests.kernels.dask_nodes import DaskNodes, alive, ancestors, listening, wait_until
 from tests.wheelhouse import make_wheelhouse
 
 pytest.importorskip("distributed")
@@ -206,14 +205,10 @@ def test_ports_files_and_key_stay_with_the_node_and_its_owner(
     _reply, messages = run(client, "import os; print(os.getpid())")
     pid = int(stream(messages, "stdout"))
     node = km.provisioner.node  # type: ignore[union-attr]
-    listening = {
-        (c.laddr.ip, c.laddr.port)
-        for c in psutil.Process(pid).net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN
-    }
+    bound = listening(pid)
     ports = {km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port}
-    assert ports <= {port for _, port in listening}
-    assert {ip for ip, _ in listening} == {"127.0.0.1"}  # the node's address, never 0.0.0.0
+    assert ports <= {port for _, port in bound}
+    assert {ip for ip, _ in bound} == {"127.0.0.1"}  # the node's address, never 0.0.0.0
 
     directory = Path(nodes.node_kernels()[node][km.kernel_id]["directory"])
     # Owner-only (ipykernel adds the sticky bit to a connection file's directory).
