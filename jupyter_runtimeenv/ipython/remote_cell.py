@@ -287,14 +287,15 @@ def _load(item: dict[str, Any]) -> Any:
 
 
 class _Unprefixed:
-    """A stream that drops the ``(remote_cell pid=N) `` prefix of forwarded worker lines."""
+    """A stream that drops the ``(run_cell pid=N) `` prefix of forwarded worker lines (and
+    ``(run_cell node=H:P pid=N) `` of a Dask node's), also where a ``\\r`` rewrites a line."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._prefix = re.compile(rf"^\({TASK_NAME} pid=\d+\) ", re.MULTILINE)
+        self._prefix = re.compile(rf"(^|\r)\({TASK_NAME}(?: node=\S+)? pid=\d+\) ", re.MULTILINE)
 
     def write(self, text: str) -> int:
-        return self._stream.write(self._prefix.sub("", text))
+        return self._stream.write(self._prefix.sub(r"\1", text))
 
     def flush(self) -> None:
         self._stream.flush()

@@ -6,7 +6,8 @@
 inside the captured context sends the line to the cell that submitted the task even when a
 later cell is running. ``StreamForwarder`` is fed raw bytes by the worker's reader thread
 (``process.py``) and emits complete lines prefixed like Ray: ``(crunch pid=1234) line``;
-a line longer than ``LINE_CAP`` is written in pieces as it comes (see ``StreamForwarder``).
+a line longer than ``LINE_CAP``, or partial for ``PARTIAL_DELAY`` seconds, is written in
+pieces as it comes, and ``\r`` rewrites a line as in a terminal (see ``StreamForwarder``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import codecs
 import contextlib
 import contextvars
 import sys
+import time
 from dataclasses import dataclass
 from typing import TextIO
 
 #: A partial line is written once this many characters of it are pending.
 LINE_CAP = 64 * 1024
+#: ... or once it has waited this long (seconds): a progress bar shows while it runs.
+PARTIAL_DELAY = 0.1
 
 
 @dataclass
@@ -56,29 +60,46 @@ def _write(target: TextIO, text: str) -> None:
 class StreamForwarder:
     """Splits one worker stream into lines and sends them to the current target.
 
-    Each line is written as ``(name pid=N) text\n``. A line longer than ``cap`` characters
-    is not held back until its end: once its pending part passes ``cap`` it is written in
-    pieces, the first with the prefix and the next ones without, and the line's end adds the
-    newline, so what arrives is still exactly one prefix, the whole line and a newline. Work
-    is linear in the output's size: pending text is kept as a list of pieces and each byte
-    is searched for a newline once. Bytes are decoded incrementally (a UTF-8 character split
-    across reads is decoded whole); invalid bytes become U+FFFD.
+    Each line is written as ``(name pid=N) text\n``. A line is not held back until its end:
+
+    - once its pending part passes ``cap`` characters it is written (a huge line costs time
+      linear in its size);
+    - a partial line pending for ``delay`` seconds is written too, so a progress bar (tqdm,
+      pip) that rewrites its line with ``\r`` shows while it runs. The reader thread asks
+      ``due()`` when that is and calls ``tick()`` (``process.py``).
+
+    The first piece of a line carries the prefix, the next ones continue it, and the line's
+    end adds the newline. ``\r`` is rendered as a terminal shows a line, its last state:
+    of ``"a\rb"`` only ``b`` is written, a rewrite of a line already partly written is sent
+    as ``\r`` + prefix + its new state (frontends replace the line, the prefix stays), and
+    ``\r\n`` is a newline. A bar that rewrites its line a thousand times a second costs at
+    most one write per ``delay``. Work is linear in the output's size: pending text is kept
+    as a list of pieces and each byte is searched for a newline once. Bytes are decoded
+    incrementally (a UTF-8 character split across reads is decoded whole); invalid bytes
+    become U+FFFD.
     """
 
-    def __init__(self, stream: int, pid: int, cap: int = LINE_CAP) -> None:
+    def __init__(
+        self, stream: int, pid: int, cap: int = LINE_CAP, delay: float = PARTIAL_DELAY
+    ) -> None:
         self.stream = stream
         self.pid = pid
         self.cap = cap
+        self.delay = delay
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._pending: list[str] = []
         self._pending_size = 0
+        self._since = 0.0  # when the pending partial line began waiting
         self._open = False  # part of the current line was written already (with its prefix)
+        self._rewind = False  # the line's next text replaces it (it ended with a lone \r)
 
-    def feed(self, data: bytes, target: OutputTarget | None) -> None:
-        """Write every complete line of what was fed so far; keep the rest (up to ``cap``)."""
+    def feed(self, data: bytes, target: OutputTarget | None, now: float | None = None) -> None:
+        """Write every complete line of what was fed so far; keep the rest (see the class)."""
         text = self._decoder.decode(data)
         if not text:
             return
+        if not self._pending:
+            self._since = time.monotonic() if now is None else now
         end = text.rfind("\n")
         if end < 0:
             self._pending.append(text)
@@ -91,17 +112,36 @@ class StreamForwarder:
         rest = text[end + 1 :]
         self._pending = [rest] if rest else []
         self._pending_size = len(rest)
+        self._since = time.monotonic() if now is None else now
         prefix = self._prefix(target)
-        if self._open:  # the first line continues what was written without a newline
-            head, _, lines = lines.partition("\n")
-            self._open = False
-            out = head + "\n"
+        if "\r" not in lines:  # the common case: one replace for all the lines
+            if self._open:  # the first line continues what was written without a newline
+                head, _, lines = lines.partition("\n")
+                out = head + "\n"
+            else:
+                out = ""
+            if lines:
+                out += prefix + lines[:-1].replace("\n", "\n" + prefix) + "\n"
+            self._open = self._rewind = False
+            self._write(out, target)
         else:
-            out = ""
-        if lines:
-            out += prefix + lines[:-1].replace("\n", "\n" + prefix) + "\n"
-        self._write(out, target)
+            pieces: list[str] = []
+            for line in lines[:-1].split("\n"):
+                pieces.append(self._render(line, prefix))
+                pieces.append("\n")
+                self._open = self._rewind = False
+            self._write("".join(pieces), target)
         if self._pending_size >= self.cap:
+            self._write_pending(target)
+
+    def due(self) -> float | None:
+        """When the pending partial line is to be written (``time.monotonic()``), if any."""
+        return self._since + self.delay if self._pending else None
+
+    def tick(self, target: OutputTarget | None, now: float | None = None) -> None:
+        """Write the pending partial line if it has waited ``delay`` seconds."""
+        due = self.due()
+        if due is not None and (time.monotonic() if now is None else now) >= due:
             self._write_pending(target)
 
     def flush(self, target: OutputTarget | None) -> None:
@@ -112,16 +152,38 @@ class StreamForwarder:
         if self._pending:
             text = "".join(self._pending)
             self._pending, self._pending_size = [], 0
-            self._write(("" if self._open else self._prefix(target)) + text + "\n", target)
+            self._write(self._render(text, self._prefix(target)) + "\n", target)
         elif self._open:
             self._write("\n", target)
-        self._open = False
+        self._open = self._rewind = False
 
     def _write_pending(self, target: OutputTarget | None) -> None:
         text = "".join(self._pending)
         self._pending, self._pending_size = [], 0
-        self._write(text if self._open else self._prefix(target) + text, target)
-        self._open = True
+        if text.endswith("\r"):  # hold it: a newline may follow (\r\n), or the new state
+            text = text.rstrip("\r")
+            rewind = True
+        else:
+            rewind = False
+        rendered = self._render(text, self._prefix(target)) if text else ""
+        if rendered:
+            self._write(rendered, target)
+            self._open = True
+        self._rewind = rewind or (self._rewind and not rendered)
+
+    def _render(self, text: str, prefix: str) -> str:
+        """A piece of the current line as a terminal would leave it (see the class)."""
+        if text.endswith("\r"):  # \r\n, split by our newline search
+            text = text.rstrip("\r")
+        rewrite = self._rewind or "\r" in text
+        if "\r" in text:
+            states = [part for part in text.split("\r") if part]
+            text = states[-1] if states else ""
+        if not self._open:
+            return prefix + text
+        if not text:  # "abc\r" then the newline: the line still reads "abc"
+            return ""
+        return "\r" + prefix + text if rewrite else text
 
     def _prefix(self, target: OutputTarget | None) -> str:
         name = target.name if target is not None else "worker"

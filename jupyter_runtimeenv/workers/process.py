@@ -199,13 +199,27 @@ class WorkerProcess:
                 if self._exited_at is not None:  # what it sent before it died, then done
                     grace = self._exited_at + _EXIT_GRACE - time.monotonic()
                     timeout = max(0.0, grace if timeout is None else min(timeout, grace))
+                partial = _partial_due(forwarders)  # a progress bar's line is not held back
+                if partial is not None:
+                    wait = max(0.0, partial - time.monotonic())
+                    timeout = wait if timeout is None else min(timeout, wait)
                 events = selector.select(timeout)
+                if partial is not None:
+                    target = self.task.output if self.task is not None else last
+                    for forwarder in forwarders.values():
+                        forwarder.tick(target)
                 if not events and self._exited_at is not None:
+                    if time.monotonic() < self._exited_at + _EXIT_GRACE:
+                        continue
                     error = None if self._stopping else self._died()
                     break
                 if not events and not self.ready:
+                    if time.monotonic() < deadline:
+                        continue
                     error = self._startup_error("did not say HELLO in time")
                     break
+                if not events:
+                    continue
                 readable = {key.fileobj for key, _ in events}
                 if self._exit_fd is not None and self._exit_fd in readable:
                     # Its own exit, not the EOF of pipes a fork of it may still hold: end
@@ -424,6 +438,12 @@ _KNOWN_EXITS = {
     STDIO_BROKEN: "a task closed its stdout or stderr, so it was replaced",
     ORPHANED: "its driver was gone",
 }
+
+
+def _partial_due(forwarders: dict[int, StreamForwarder]) -> float | None:
+    """The earliest time a forwarder's pending partial line is to be written."""
+    dues = [due for f in forwarders.values() if (due := f.due()) is not None]
+    return min(dues, default=None)
 
 
 def _describe_exit(code: int | None) -> str:

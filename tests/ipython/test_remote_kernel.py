@@ -129,3 +129,36 @@ def test_an_interrupt_kills_the_cells_worker_and_returns_the_kernel(
         time.sleep(0.1)
     assert reply["status"] == "ok"
     assert streamed(messages) == "again\n"
+
+
+def test_a_progress_line_shows_while_a_remote_cell_runs(
+    kernel: tuple[KernelManager, BlockingKernelClient], tmp_path: Path
+) -> None:
+    """Issue 21 item 7: a ``\\r`` progress line arrives before its newline (and before the
+    cell ends), without the task prefix, and reads as its last state."""
+    _, client = kernel
+    assert execute(client, "%load_ext jupyter_runtimeenv")[0]["status"] == "ok"
+    flag = tmp_path / "go"
+    client.execute(
+        "%%remote\n"
+        "import os, time\n"
+        "for step in range(1, 6):\n"
+        "    print(f'\\r{step * 10:3d}%', end='', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(0.02)\n"
+        "print('\\r100%')\n"
+    )
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while " 50%" not in streamed(seen):  # the cell cannot end before the flag exists
+        assert time.monotonic() < deadline, seen
+        seen.append(client.get_iopub_msg(timeout=60))
+    flag.touch()
+    while not any(
+        m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen[-1:]
+    ):
+        seen.append(client.get_iopub_msg(timeout=60))
+    text = streamed(seen)
+    assert "pid=" not in text
+    assert text.endswith("\r100%\n")
+    assert text.split("\n")[0].split("\r")[-1] == "100%"

@@ -2,8 +2,9 @@
 
 The contract (``StreamForwarder``): each line arrives once, as ``(name pid=N) line\\n``; a
 line longer than the cap is written in pieces as it comes (prefix on the first piece only),
-so the text that arrives is still exactly the prefix, the line and a newline. Speed is
-measured in ``benchmarks/bench_output.py``, not here.
+so the text that arrives is still exactly the prefix, the line and a newline. A partial line
+is written once it waited the delay, and ``\\r`` renders as the line's last state with the
+prefix kept (issue 21 item 7). Speed is measured in ``benchmarks/bench_output.py``, not here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import contextvars
 import io
 import os
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import LINE_CAP, OutputTarget, StreamForwarder
@@ -146,3 +149,80 @@ def test_concurrent_tasks_each_get_their_own_output(make_pool: Callable[..., Poo
     for i, future, out in runs:
         pid = future.result(30)
         assert out.getvalue() == f"(shout{i} pid={pid}) {str(i % 10) * 1000}\n"
+
+
+def terminal(text: str) -> list[str]:
+    """``text`` as a terminal (or a Jupyter frontend) leaves it: each line's last state."""
+    return [([part for part in line.split("\r") if part] or [""])[-1] for line in text.split("\n")]
+
+
+def test_a_partial_line_is_written_once_it_waited_the_delay() -> None:
+    sink, out, _ = target()
+    forwarder = StreamForwarder(1, 5, delay=0.1)
+    forwarder.feed(b"\r 10%", sink, now=0.0)
+    forwarder.tick(sink, now=0.05)
+    assert out.writes == []  # not yet due
+    assert forwarder.due() == 0.1
+    forwarder.tick(sink, now=0.1)
+    assert out.writes == ["(t pid=5)  10%"]
+    assert forwarder.due() is None
+    # A bar that rewrites itself fast: one write per delay, its last state only.
+    forwarder.feed(b"\r 20%", sink, now=0.2)
+    forwarder.feed(b"\r 30%\r 40%", sink, now=0.25)
+    forwarder.tick(sink, now=0.31)
+    assert out.writes[-1] == "\r(t pid=5)  40%"
+    forwarder.feed(b"\r100%\n", sink, now=0.4)
+    assert out.writes[-1] == "\r(t pid=5) 100%\n"
+    assert terminal(out.getvalue()) == ["(t pid=5) 100%", ""]
+
+
+def test_carriage_returns_render_as_the_line_s_last_state() -> None:
+    sink, out, _ = target()
+    forwarder = StreamForwarder(1, 2)
+    forwarder.feed(b"draft\rfinal\nwin\r\nlines\r\n", sink)
+    assert out.getvalue() == "(t pid=2) final\n(t pid=2) win\n(t pid=2) lines\n"
+    # A lone \r at a piece's end: the line reads as it was until new text comes.
+    forwarder.feed(b"abc\r", sink, now=0.0)
+    forwarder.tick(sink, now=1.0)
+    assert out.writes[-1] == "(t pid=2) abc"
+    forwarder.feed(b"\n", sink)
+    assert out.writes[-1] == "\n"
+    forwarder.feed(b"abc\r", sink, now=2.0)
+    forwarder.tick(sink, now=3.0)
+    forwarder.feed(b"de", sink, now=3.0)
+    forwarder.tick(sink, now=4.0)
+    assert out.writes[-1] == "\r(t pid=2) de"
+    forwarder.flush(sink)
+    assert terminal(out.getvalue())[-2:] == ["(t pid=2) de", ""]
+
+
+def progress_then_wait(flag: str) -> int:
+    """Worker side: a progress line without its newline, then wait for the test's flag."""
+    import time
+
+    print("\r 50%", end="", flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("\r100%")
+    return os.getpid()
+
+
+def test_a_progress_line_shows_while_the_task_runs(
+    make_pool: Callable[..., Pool], tmp_path: Path
+) -> None:
+    pool = make_pool(max_workers=1)
+    sink, out, _ = target("bar")
+    future: RemoteFuture[int] = RemoteFuture("bar")
+    task = Task(b"", future, sink)
+    flag = tmp_path / "go"
+    task.payload = dump_call(task.id, progress_then_wait, (str(flag),), {}, "bar")
+    assert pool.submit(task)
+    deadline = time.monotonic() + 60
+    while "50%" not in out.getvalue():  # it cannot end before the flag exists
+        assert time.monotonic() < deadline, "the partial line never arrived"
+        time.sleep(0.01)
+    assert not future.done()
+    flag.touch()
+    pid = future.result(60)
+    assert out.getvalue() == f"(bar pid={pid})  50%\r(bar pid={pid}) 100%\n"
