@@ -36,6 +36,7 @@ from typing import Any
 import filelock
 import platformdirs
 
+from ..context.model import CONTEXT_FORMAT
 from ..errors import CacheUnavailable
 from ..spec.ids import is_env_id, is_env_id_prefix
 from .pgroups import end_group, owner_alive, self_identity, start_time
@@ -97,6 +98,14 @@ class Evicted:
     plugin: str
     path: Path
     size: int
+
+
+def _current_context(text: str) -> dict[str, Any] | None:
+    """A stored context, or None if it was recorded in an older form: before form 2 the
+    agent expanded ``${NAME}`` in ``env_vars`` with its own environment (a server's secrets,
+    say), which must be neither used nor served; such an env is rebuilt at its next use."""
+    context: dict[str, Any] = json.loads(text)
+    return context if context.get("format") == CONTEXT_FORMAT else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -447,7 +456,10 @@ class Cache:
             ]
         if any(self.lookup(u) is None for u in uris):
             return None
-        return json.loads(row[0]), json.loads(row[1])
+        context = _current_context(row[1])
+        if context is None:
+            return None  # recorded in an older form: rebuilt (its resources are reused)
+        return json.loads(row[0]), context
 
     def knows_env(self, env_id: str) -> bool:
         with self._lock:
@@ -476,7 +488,7 @@ class Cache:
             {
                 "env_id": r[0],
                 "spec": json.loads(r[1]),
-                "context": json.loads(r[2]),
+                "context": _current_context(r[2]),
                 "created": r[3],
                 "last_used": r[4],
                 "holders": sorted(holders.get(r[0], [])),
@@ -521,7 +533,7 @@ class Cache:
         return {
             "env_id": row[0],
             "spec": json.loads(row[1]),
-            "context": json.loads(row[2]),
+            "context": _current_context(row[2]),
             "created": row[3],
             "last_used": row[4],
             "holders": sorted(holders),

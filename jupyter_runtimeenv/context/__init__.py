@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
-from .model import SYS_PATH_VAR, ContextBuilder, EnvContext, compose, process_env
+from .model import (
+    SYS_PATH_VAR,
+    ContextBuilder,
+    EnvContext,
+    compose,
+    compose_template,
+    expand,
+    process_env,
+)
 
-__all__ = ["SYS_PATH_VAR", "ContextBuilder", "EnvContext", "compose", "process_env"]
+__all__ = [
+    "SYS_PATH_VAR",
+    "ContextBuilder",
+    "EnvContext",
+    "compose",
+    "compose_template",
+    "expand",
+    "process_env",
+]

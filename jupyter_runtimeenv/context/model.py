@@ -3,12 +3,19 @@
 Plugins fill a mutable ``ContextBuilder`` in priority order; the agent freezes it into an
 ``EnvContext``, which round-trips through JSON so that the server can hand it to a kernel.
 ``compose`` turns a context and an argv into the argv to start: a list, never a shell string.
+
+``env_vars`` values are templates: ``${NAME}`` in them stands for ``NAME`` in the environment
+of the process that starts the worker (a kernel, a Dask node, the server for a kernel it
+starts), and is expanded there by ``process_env``, each time, as Ray does per worker. The
+agent never expands them, so a context (stored in the cache, served over REST) never holds a
+value of the agent's environment.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +27,10 @@ from typing import Any
 SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
 #: The variable that tells a process which environment it runs in.
 ENV_ID_VAR = "JUPYTER_RUNTIMEENV_ENV_ID"
+#: The form of a context's JSON. 2: ``env_vars`` hold ``${NAME}`` templates (before, the
+#: agent expanded them in its own environment: a stored context of form 1 is rebuilt).
+CONTEXT_FORMAT = 2
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class EnvContext:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "format": CONTEXT_FORMAT,
             "env_id": self.env_id,
             "python": self.python,
             "command_prefix": list(self.command_prefix),
@@ -126,14 +138,50 @@ def compose(ctx: EnvContext, argv: Sequence[str]) -> list[str]:
 
 
 def process_env(ctx: EnvContext, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables of a process started in ``ctx``.
+    """The environment variables of a process started in ``ctx``, made in the process that
+    starts it.
 
-    ``base`` (default ``os.environ``) with the context's variables on top, the sys.path
-    entries in ``SYS_PATH_VAR`` and the env id in ``JUPYTER_RUNTIMEENV_ENV_ID``.
+    ``base`` (default ``os.environ``) with the context's variables on top, each template's
+    ``${NAME}`` expanded against ``base`` (see ``expand``), the sys.path entries in
+    ``SYS_PATH_VAR`` and the env id in ``JUPYTER_RUNTIMEENV_ENV_ID``.
     """
     env = dict(os.environ if base is None else base)
-    env.update(ctx.env_vars)
+    before = dict(env)
+    for key, value in ctx.env_vars.items():
+        env[key] = expand(value, before)
     env[SYS_PATH_VAR] = json.dumps(list(ctx.sys_path))
     if ctx.env_id:
         env[ENV_ID_VAR] = ctx.env_id
     return env
+
+
+def expand(template: str, environ: Mapping[str, str]) -> str:
+    """``template`` with each ``${NAME}`` replaced by ``environ[NAME]``: '' when unset (as
+    in Ray), except ``PATH``, which is ``os.defpath`` then (what a command search uses), so
+    that ``dir:${PATH}`` never ends in an empty entry (the current directory)."""
+    if "${" not in template:
+        return template
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        found = environ.get(name)
+        if found is None:
+            return os.defpath if name == "PATH" else ""
+        return found
+
+    return _REFERENCE.sub(value, template)
+
+
+def compose_template(template: str, earlier: Mapping[str, str]) -> str:
+    """``template`` with each ``${NAME}`` that ``earlier`` (the variables the env set before:
+    other plugins', earlier keys) holds replaced by *that template*, the others kept: what
+    ``${NAME}`` means when ``process_env`` expands it (``PATH: /opt/bin:${PATH}`` in a pip env
+    prepends to the venv's ``PATH``, itself ``<venv>/bin:${PATH}``). Text only: the agent
+    never reads its own environment for it."""
+    if "${" not in template:
+        return template
+
+    def value(match: re.Match[str]) -> str:
+        return earlier.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(value, template)

@@ -212,7 +212,9 @@ class CondaPlugin(RuntimeEnvPlugin):
             ctx.extra_paths.append(str(resource / "support"))
         ctx.env_vars["CONDA_PREFIX"] = prefix
         ctx.env_vars["CONDA_DEFAULT_ENV"] = value if isinstance(value, str) else prefix
-        path = ctx.env_vars.get("PATH") or os.environ.get("PATH", os.defpath)
+        # A template (expanded where the worker starts): the agent's own PATH is not the
+        # kernel's, nor the node's.
+        path = ctx.env_vars.get("PATH") or "${PATH}"
         ctx.env_vars["PATH"] = os.pathsep.join([os.path.join(prefix, "bin"), path])
 
     async def delete(self, uri: str, path: Path) -> None:

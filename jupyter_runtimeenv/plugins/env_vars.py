@@ -1,4 +1,8 @@
-"""``env_vars``: variables set in every process started in the environment."""
+"""``env_vars``: variables set in every process started in the environment.
+
+``${NAME}`` in a value is expanded in the process that starts each worker (see
+``context.process_env``), against its own environment.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..context import ContextBuilder
+from ..context import ContextBuilder, compose_template
 from ..errors import SpecError
 from .base import RuntimeEnvPlugin
 
@@ -33,19 +37,10 @@ class EnvVarsPlugin(RuntimeEnvPlugin):
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         # ${VAR} refers to the value the environment had before (Ray's convention), so
-        # {"PATH": "/opt/bin:${PATH}"} prepends.
+        # {"PATH": "/opt/bin:${PATH}"} prepends. Kept as a template: expanded where a worker
+        # starts (context.process_env), never here, in the agent's environment.
         for key, item in value.items():
-            ctx.env_vars[key] = _expand(item, ctx.env_vars)
-
-
-def _expand(value: str, current: dict[str, str]) -> str:
-    import os
-
-    def repl(match: re.Match[str]) -> str:
-        name = match.group(1)
-        return current.get(name, os.environ.get(name, ""))
-
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", repl, value)
+            ctx.env_vars[key] = compose_template(item, ctx.env_vars)
 
 
 def _kind(value: Any) -> str:

@@ -162,7 +162,9 @@ class PipPlugin(RuntimeEnvPlugin):
         venv = ctx.resource_path(uris[0])
         ctx.python = venv_python(venv)
         ctx.env_vars["VIRTUAL_ENV"] = venv
-        path = ctx.env_vars.get("PATH") or os.environ.get("PATH", os.defpath)
+        # A template (expanded where the worker starts): the agent's own PATH is not the
+        # kernel's, nor the node's.
+        path = ctx.env_vars.get("PATH") or "${PATH}"
         ctx.env_vars["PATH"] = os.pathsep.join([os.path.dirname(ctx.python), path])
 
 
