@@ -46,6 +46,8 @@ class NodeKernel:
     topic: str
     directory: Path
     key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+    #: The kernel's CurveZMQ key pair (public, secret), made on the node when asked for.
+    curve: tuple[str, str] | None = field(default=None, repr=False)
     ctx: EnvContext | None = None
     ports: dict[str, int] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
@@ -68,12 +70,15 @@ def launch(
     argv: list[str],
     variables: dict[str, str],
     start_timeout: float,
+    encrypt: bool = False,
 ) -> dict[str, Any]:
     """Start ``kernel``'s ipykernel in its env; its connection info once it bound its ports
     on ``host``. ``KernelStartError`` naming ``address`` (the node) if it exits first or
     does not come up within ``start_timeout`` s (then it is killed). Blocking.
 
-    ``on_exit(kernel, pid, code)`` is called from the waiter thread that reaps it.
+    ``on_exit(kernel, pid, code)`` is called from the waiter thread that reaps it. With
+    ``encrypt``, the kernel gets a CurveZMQ key pair (kept across restarts, like its HMAC
+    key): ipykernel then encrypts its channels (jupyter_client's ``transport_encryption``).
     """
     assert kernel.ctx is not None
     ctx = kernel.ctx
@@ -91,6 +96,13 @@ def launch(
         "kernel_name": "",
         **{name: ports.get(name, 0) for name in PORTS},
     }
+    if encrypt:
+        if kernel.curve is None:
+            import zmq
+
+            public, secret = zmq.curve_keypair()
+            kernel.curve = (public.decode("ascii"), secret.decode("ascii"))
+        info["curve_publickey"], info["curve_secretkey"] = kernel.curve
     _write_private(connection_file, json.dumps(info))
     cmd = kernel_command(ctx, [a.replace("{connection_file}", str(connection_file)) for a in argv])
     base = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}

@@ -158,9 +158,10 @@ class NodeKernels:
         kernel_id: str,
         argv: list[str],
         env: Mapping[str, str],
-        start_timeout: float,
+        options: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """Start the kernel in its built env; its connection info once it bound its ports."""
+        """Start the kernel in its built env; its connection info once it bound its ports.
+        ``options``: ``start_timeout`` (seconds), ``encrypt`` (CurveZMQ keys for it)."""
         kernel = self._known(kernel_id)
         if kernel.ctx is None:
             raise KernelStartError(
@@ -182,7 +183,15 @@ class NodeKernels:
             CLUSTER_VAR: str(self.worker.scheduler.address),  # its session's executor
         }
         return await asyncio.to_thread(
-            launch, kernel, self.address, self._exited, host, argv, variables, start_timeout
+            launch,
+            kernel,
+            self.address,
+            self._exited,
+            host,
+            argv,
+            variables,
+            float(options.get("start_timeout", 120.0)),
+            bool(options.get("encrypt", False)),
         )
 
     def _exited(self, kernel: NodeKernel, pid: int, code: int) -> None:
@@ -399,10 +408,10 @@ async def node_kernel_start(
     kernel_id: str,
     argv: list[str],
     env: dict[str, str],
-    start_timeout: float,
+    options: dict[str, Any],
     dask_worker: Worker,
 ) -> dict[str, Any]:
-    return await _kernels_of(dask_worker).start(kernel_id, argv, env, start_timeout)
+    return await _kernels_of(dask_worker).start(kernel_id, argv, env, options)
 
 
 async def node_kernel_signal(kernel_id: str, signum: int, dask_worker: Worker) -> bool:

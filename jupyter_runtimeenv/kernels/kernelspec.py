@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,9 @@ def kernelspec_dict(
         "metadata": {
             # The debugger needs the kernel's files on the server's disk: not on a node.
             "debugger": not dask,
+            # A kernel on a node can have CurveZMQ keys (ipykernel >= 7 uses them) when the
+            # kernel manager's transport_encryption asks: its traffic crosses a network.
+            **({"supported_encryption": ["curve"]} if dask else {}),
             "kernel_provisioner": {
                 "provisioner_name": DASK_PROVISIONER_NAME if dask else PROVISIONER_NAME,
                 "config": config,
@@ -117,11 +121,22 @@ def install_kernelspec(
     )
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernel, indent=1), encoding="utf-8")
+        _copy_logos(Path(tmp))
         manager = KernelSpecManager()
         path: str = manager.install_kernel_spec(
             tmp, kernel_name=name, user=user and prefix is None, prefix=prefix
         )
     return path
+
+
+def _copy_logos(directory: Path) -> None:
+    """Python's logos, as ipykernel's own kernelspec has them, for the Launcher's card."""
+    try:
+        from ipykernel.kernelspec import RESOURCES
+    except ImportError:  # the Launcher shows the name's first letter instead
+        return
+    for logo in Path(RESOURCES).glob("logo-*"):
+        shutil.copyfile(logo, directory / logo.name)
 
 
 def _check_template(template: str) -> None:

@@ -146,7 +146,7 @@ class DaskKernelProvisioner(KernelProvisionerBase):
                 self.kernel_id,
                 cmd,
                 self._kernel_env or {},
-                self.start_timeout,
+                {"start_timeout": self.start_timeout, "encrypt": self._encrypted()},
                 timeout=self.start_timeout + self.request_timeout,
             )
         except KernelStartError as exc:
@@ -308,6 +308,17 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             self._watch()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _encrypted(self) -> bool:
+        """Whether the kernel manager asks for CurveZMQ (its ``transport_encryption`` is
+        ``required``, or ``auto`` and the kernelspec declares ``supported_encryption``)."""
+        km: Any = self.parent
+        try:
+            policy = km._transport_encryption_policy()
+            supported = bool(km._kernel_supports_curve_encryption())
+        except Exception:  # an older jupyter_client, or no kernel manager: no encryption
+            return False
+        return bool(policy == "required" or (policy == "auto" and supported))
 
     def _events_for_start(self) -> KernelEvents:
         if self._events is None:

@@ -292,3 +292,58 @@ def test_inside_the_kernel_remote_calls_and_cells_go_to_the_same_cluster(
     assert node_pids(nodes.client)
     km.shutdown_kernel()
     assert_no_env_workers(nodes.client, timeout=30)
+
+
+def test_transport_encryption_gives_the_kernel_curve_keys_made_on_its_node(
+    nodes: DaskNodes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    install_kernelspec("sealed", {}, prefix=str(tmp_path), dask=nodes.address)
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
+    km = KernelManager(
+        kernel_name="sealed", kernel_spec_manager=specs, transport_encryption="required"
+    )
+    km.start_kernel()
+    client = km.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        _, messages = run(client, "print('sealed')")
+        assert stream(messages, "stdout") == "sealed\n"
+        node = km.provisioner.node  # type: ignore[union-attr]
+        directory = Path(nodes.node_kernels()[node][km.kernel_id]["directory"])
+        on_node = json.loads((directory / "connection.json").read_text())
+        assert km.curve_publickey == on_node["curve_publickey"].encode()
+        assert len(on_node["curve_secretkey"]) == 40
+        # The heartbeat echoes only a CurveZMQ client that knows the kernel's public key.
+        hb = f"tcp://{on_node['ip']}:{km.hb_port}"
+        assert _echo(hb, None) is None
+        assert _echo(hb, on_node["curve_publickey"].encode()) == b"ping"
+        texts = [p.read_text(errors="replace") for p in nodes.logs] + [caplog.text]
+        assert all(on_node["curve_secretkey"] not in text for text in texts)
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _echo(address: str, server_key: bytes | None) -> bytes | None:
+    """Ping a kernel's heartbeat (as a CurveZMQ client when ``server_key``); its echo, or
+    ``None`` when none comes within 3 s."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.REQ)
+    sock.linger = 0
+    if server_key is not None:
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+            server_key,
+            public,
+            secret,
+        )
+    try:
+        sock.connect(address)
+        sock.send(b"ping")
+        return sock.recv() if sock.poll(3000) else None
+    finally:
+        sock.close()
+        context.term()

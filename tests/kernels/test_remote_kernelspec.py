@@ -45,6 +45,9 @@ def test_the_command_writes_a_cluster_kernelspec(
     assert config["runtime_env"]["working_dir"] == str(tmp_path / "code")
     assert config["runtime_env"]["env_vars"] == {"K": "v"}
     assert kernel["metadata"]["debugger"] is False
+    assert kernel["metadata"]["supported_encryption"] == ["curve"]
+    # Python's logos, for the Launcher's card.
+    assert (prefix / "share/jupyter/kernels/crunch/logo-64x64.png").is_file()
     assert kernels_in(prefix) == {"crunch": "crunch (cluster)"}
     # jupyter_client can make the provisioner from it, with the kernelspec's config.
     provisioner_class = DaskKernelProvisioner(**config)
