@@ -152,13 +152,13 @@ def stop_worker(executor: DaskExecutor, node: str, pid: int) -> None:
         raise LookupError(f"no environment worker {pid} of this kernel on {node}")
 
 
-def gc(executor: DaskExecutor) -> dict[str, int]:
-    """Collect every node's cache to its budget; node -> bytes freed (measured on its
-    disk). ``WorkerError`` naming the nodes that could not collect."""
+def gc(executor: DaskExecutor, max_bytes: int | None = None) -> dict[str, int]:
+    """Collect every node's cache to ``max_bytes`` (default: each node's budget); node ->
+    bytes freed (measured on its disk). ``WorkerError`` naming the nodes that could not."""
     from .node_ops import node_gc
 
     executor.staging.register_plugin()
-    answers = executor.client.run(node_gc, on_error="return")
+    answers = executor.client.run(node_gc, max_bytes, on_error="return")
     freed: dict[str, int] = {}
     failed: dict[str, str] = {}
     for node, answer in sorted(answers.items()):

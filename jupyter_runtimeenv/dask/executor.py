@@ -236,10 +236,14 @@ class DaskExecutor(ClusterExecutor):
 
         stop_worker(self, node, pid)
 
-    def gc(self) -> dict[str, int]:
+    def gc(self, max_bytes: int | None = None) -> dict[str, int]:
         from .cluster_ops import gc
 
-        return gc(self)
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
+        ):
+            raise ValueError(f"max_bytes: expected a byte count >= 0, got {max_bytes!r}")
+        return gc(self, max_bytes)
 
     def states_on_nodes(self, runtime_env: RuntimeEnvSpec) -> dict[str, str] | None:
         """Node -> the env's state there, for an env this executor staged; ``None`` for one

@@ -272,6 +272,34 @@ class NodeAgent:
                 self._sweeping = False
                 self._quiet.notify_all()
 
+    async def trim(self, max_bytes: int | None = None) -> list[str]:
+        """Collect this node's cache down to ``max_bytes`` (default: its budget), least
+        recently used first:
+        resources nobody holds (venvs, copies, laid-out trees: the agent's LRU GC), then blobs
+        nothing links any more. Staged envs whose trees went are unstaged (their next task
+        stages them again, from peers). Returns the evicted resources' URIs."""
+        thread = self.thread
+        if thread is None:
+            return []
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        evicted = await thread.run_async(self.agent.gc(limit))
+        await asyncio.to_thread(self._unstage_collected)
+        await asyncio.to_thread(self._sweep, limit)
+        return [str(item["uri"]) for item in evicted]
+
+    def _unstage_collected(self) -> None:
+        with self.lock:
+            uris = dict(self._uris)
+        for token, needs in uris.items():
+            if not node_store.present(self.agent.cache, needs):
+                self.unstage(token)
+
+    def _sweep(self, limit: int) -> int:
+        with self.sweeping() as clear:
+            if not clear:
+                return 0  # a build or transfer is linking blobs now: the next trim sweeps
+            return node_store.sweep_blobs(self.agent.cache, self.pending_blobs(), limit)
+
     def linked(self, token: str, env_id: str) -> None:
         """The env ``env_id`` was built from ``token``'s trees: tie them to it (kept while
         it is held, collected with it) and mark them used now. Blocking."""
@@ -350,7 +378,12 @@ class NodeAgent:
                 flusher.cancel()
             if relay is not None:
                 relay.flush()
-        await thread.run_async(self.agent.release(ctx.env_id, holder))
+        try:
+            await self.trim()  # within the budget, the env just built still held
+        except Exception:  # collecting must never fail a build that succeeded
+            log.warning("jupyter-runtimeenv: node GC failed on %s", self.address, exc_info=True)
+        finally:
+            await thread.run_async(self.agent.release(ctx.env_id, holder))
         return {"env_id": ctx.env_id, "batches": relay.sent if relay is not None else 0}
 
     # -- pools (Dask's executor threads) -----------------------------------------------------

@@ -144,9 +144,10 @@ async def node_snapshot(owner: str, tokens: list[str], dask_worker: Worker) -> d
     return await node_report.snapshot(agent_of(dask_worker), owner, tokens)
 
 
-async def node_gc(dask_worker: Worker) -> dict[str, Any]:
-    """Collect this node's cache down to its budget: ``{"freed_bytes", "evicted"}``."""
-    return await node_report.collect(agent_of(dask_worker))
+async def node_gc(max_bytes: int | None, dask_worker: Worker) -> dict[str, Any]:
+    """Collect this node's cache down to ``max_bytes`` (``None``: its budget):
+    ``{"freed_bytes", "evicted", "cache_bytes"}``."""
+    return await node_report.collect(agent_of(dask_worker), max_bytes)
 
 
 async def node_stop_worker(owner: str, pid: int, dask_worker: Worker) -> bool:

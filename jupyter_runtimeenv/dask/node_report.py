@@ -93,39 +93,21 @@ def _env_bytes(node: NodeAgent, env_id: str) -> int:
     return total
 
 
-async def collect(node: NodeAgent) -> dict[str, Any]:
-    """Collect this node's cache down to its budget, least recently used first: resources
-    (venvs, copies, laid-out trees) nobody holds, then blobs nothing links. Staged envs
-    whose trees went are unstaged (their next task stages them again). Returns
-    ``{"freed_bytes"`` (measured on disk), ``"evicted"`` (resource URIs), ``"cache_bytes"}``."""
-    thread = node.thread
-    if thread is None:
+async def collect(node: NodeAgent, max_bytes: int | None = None) -> dict[str, Any]:
+    """Collect this node's cache down to ``max_bytes`` (default: its budget;
+    ``NodeAgent.trim``). Returns
+    ``{"freed_bytes"`` (measured on disk, each inode once), ``"evicted"`` (resource URIs),
+    ``"cache_bytes"}``."""
+    if node.thread is None:
         raise NotStaged(node.address, "")
     before = await asyncio.to_thread(node_store.disk_bytes, node.cache_root)
-    evicted = await thread.run_async(node.agent.gc(node.max_bytes))
-    await asyncio.to_thread(_unstage_collected, node)
-    await asyncio.to_thread(_sweep, node)
+    evicted = await node.trim(max_bytes)
     after = await asyncio.to_thread(node_store.disk_bytes, node.cache_root)
     return {
         "freed_bytes": max(0, before - after),
-        "evicted": [str(item["uri"]) for item in evicted],
+        "evicted": evicted,
         "cache_bytes": await asyncio.to_thread(node.agent.cache.total_bytes),
     }
-
-
-def _unstage_collected(node: NodeAgent) -> None:
-    with node.lock:
-        uris = dict(node._uris)
-    for token, needs in uris.items():
-        if not node_store.present(node.agent.cache, needs):
-            node.unstage(token)
-
-
-def _sweep(node: NodeAgent) -> int:
-    with node.sweeping() as clear:
-        if not clear:
-            return 0  # a build or transfer is linking blobs now: the next GC sweeps
-        return node_store.sweep_blobs(node.agent.cache, node.pending_blobs(), node.max_bytes)
 
 
 async def stop_worker(node: NodeAgent, owner: str, pid: int) -> bool:

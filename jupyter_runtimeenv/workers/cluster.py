@@ -180,5 +180,6 @@ class ClusterExecutor(Executor):
         this executor staged; ``None`` for one it never did. Nothing is started."""
 
     @abc.abstractmethod
-    def gc(self) -> dict[str, int]:
-        """Collect every node's cache down to its byte budget; node address -> bytes freed."""
+    def gc(self, max_bytes: int | None = None) -> dict[str, int]:
+        """Collect every node's cache down to ``max_bytes`` (default: each node's budget);
+        node address -> bytes freed."""
