@@ -126,6 +126,8 @@ def build_on_nodes(
             todo = []
             for node in staged:
                 answer = answers.get(node, WorkerError(f"Dask worker {node} did not answer"))
+                if isinstance(answer, dict) and "error" in answer:
+                    answer = answer["error"]  # a failed build, after its last events
                 if isinstance(answer, NotStaged) and attempt < RESTAGES:
                     with staging.lock:
                         env.staged.discard(node)

@@ -349,7 +349,9 @@ class NodeAgent:
         self, token: str, build: str | None = None, topic: str | None = None
     ) -> dict[str, Any]:
         """Build a staged env (and drop the reference taken to do so): ``{"env_id", "batches"}``
-        (its env id here; how many event batches went to ``topic`` for ``build``)."""
+        (its env id here; how many event batches went to ``topic`` for ``build``). A failed
+        build raises its ``BuildError`` (naming this node), or with ``build`` answers
+        ``{"error": BuildError, "batches"}``."""
         thread = self.thread
         if thread is None:
             raise NotStaged(self.address, token)
@@ -370,7 +372,17 @@ class NodeAgent:
                 self.leave_busy()
             await asyncio.to_thread(self.linked, token, ctx.env_id)
         except BuildError as exc:
-            raise on_node(exc, self.address) from None
+            error = on_node(exc, self.address)
+            if relay is None:
+                raise error from None
+            # Its last events first, then the error and how many batches there were (an
+            # answer, not a raise: Dask drops an exception's attributes on the way back).
+            if remove is not None:
+                remove()
+            if flusher is not None:
+                flusher.cancel()
+            relay.flush()
+            return {"error": error, "batches": relay.sent}
         finally:
             if remove is not None:
                 remove()

@@ -120,7 +120,7 @@ def test_a_failure_on_one_node_is_one_line_naming_the_node_and_step(
     assert api.default_runtime_env() is before
     out = capsys.readouterr().out
     # The failing node's installer lines were shown, prefixed with the node.
-    assert f"[{failing.split('://')[1]}]     this node says no" in out
+    assert f"[{failing.split('://')[1]}]     this node says no" in out, out
     assert any(line.startswith(f"{failing}  FAILED at step ") for line in out.splitlines())
 
 
