@@ -85,6 +85,7 @@ class RuntimeEnvAgent:
         self._background: set[asyncio.Task[Any]] = set()
         self._gc_lock = asyncio.Lock()
         self._stopping = False
+        self._holder_listeners: list[Callable[[str], None]] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -165,8 +166,11 @@ class RuntimeEnvAgent:
             self._builds[env_id] = asyncio.create_task(
                 self._build(spec), name=f"build {env_id[:12]}"
             )
-        if record.state is not EnvState.FAILED:
-            await asyncio.to_thread(cache.add_ref, env_id, holder)
+        new_holder = record.state is not EnvState.FAILED and await asyncio.to_thread(
+            cache.add_ref, env_id, holder
+        )
+        if new_holder:
+            self._holders_changed(env_id)
         return record.to_json()
 
     async def wait(self, env_id: str) -> EnvContext:
@@ -195,8 +199,10 @@ class RuntimeEnvAgent:
         _check_id(env_id)
         check_holder(holder)
         held = self._machine.release(env_id, holder)
-        await asyncio.to_thread(self.cache.remove_ref, env_id, holder)
-        return held
+        stored = await asyncio.to_thread(self.cache.remove_ref, env_id, holder)
+        if held or stored:
+            self._holders_changed(env_id)
+        return held or stored
 
     async def release_holder(self, holder: str) -> list[str]:
         """Drop every reference of ``holder`` (a kernel that is gone); the env ids released."""
@@ -209,12 +215,17 @@ class RuntimeEnvAgent:
     async def remove(self, env_id: str, *, force: bool = False) -> list[str]:
         """Forget an env and delete the resources no other env uses; returns their URIs.
 
-        ``EnvInUse`` while others hold it, unless ``force``.
+        ``EnvInUse`` while others hold it, unless ``force``. A forced removal deletes the
+        env, not its holders' claims: their references stay (a reference's life follows its
+        holder's, which still runs), so when a holder uses the env again it is built anew
+        and held by all of them, as before; they are released when their holders go.
         """
         _check_id(env_id)
         holders = await asyncio.to_thread(self.cache.holders, env_id)
         record = self._machine.get(env_id)
-        if record is None and not holders and not await self._known(env_id):
+        # Not "and not holders": references outlive a forced removal (see above), an env
+        # that was removed is not found however many holders still claim it.
+        if record is None and not await self._known(env_id):
             raise EnvNotFound(env_id)
         if holders and not force:
             raise EnvInUse(
@@ -225,7 +236,7 @@ class RuntimeEnvAgent:
             with contextlib.suppress(BaseException):
                 await self._builds[env_id]
         self._machine.forget(env_id)
-        orphaned = await asyncio.to_thread(self.cache.forget_env, env_id)
+        orphaned = await asyncio.to_thread(self.cache.forget_env, env_id, keep_refs=True)
         removed = []
         for uri in orphaned:
             if await self._evict(uri):
@@ -270,6 +281,12 @@ class RuntimeEnvAgent:
         ordered = sorted(out.values(), key=lambda e: (e.get("created", 0), e["env_id"]))
         end = None if limit is None else offset + limit
         return ordered[offset:end], len(ordered)
+
+    async def touch(self, env_id: str) -> None:
+        """Record a use of the env now (a task ran in it): its last use and its resources'
+        (least recently used are evicted first)."""
+        _check_id(env_id)
+        await asyncio.to_thread(self.cache.touch_env, env_id)
 
     async def knows(self, env_id: str) -> bool:
         """Whether this agent or its cache knows the env ``env_id`` (a whole id)."""
@@ -332,6 +349,17 @@ class RuntimeEnvAgent:
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         return self.events.add_listener(listener)
+
+    def on_holders(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(env_id)`` (on the loop; it must not block) whenever a reference to
+        an env is taken or dropped; returns its remover. Apart from the event bus: holders
+        are bookkeeping for observers (the sidebar), not build progress."""
+        self._holder_listeners.append(listener)
+        return lambda: self._holder_listeners.remove(listener)
+
+    def _holders_changed(self, env_id: str) -> None:
+        for listener in list(self._holder_listeners):
+            listener(env_id)
 
     async def gc(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """Evict unreferenced resources, least recently used first, down to ``max_bytes``

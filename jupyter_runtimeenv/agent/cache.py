@@ -561,8 +561,10 @@ class Cache:
             holders.setdefault(env_id, []).append(holder)
         return holders
 
-    def forget_env(self, env_id: str) -> list[str]:
-        """Drop an env and its references; returns the URIs no other env uses."""
+    def forget_env(self, env_id: str, *, keep_refs: bool = False) -> list[str]:
+        """Drop an env (and its references, unless ``keep_refs``: a forced removal leaves its
+        holders' claims, see ``RuntimeEnvAgent.remove``); returns the URIs no other env uses.
+        A reference to an env that is not recorded holds no resource."""
         with self._tx() as db:
             uris = [
                 r[0]
@@ -570,15 +572,23 @@ class Cache:
             ]
             db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
-            db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
+            if not keep_refs:
+                db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
             still_used = {r[0] for r in db.execute("SELECT DISTINCT uri FROM env_resources")}
         return [u for u in uris if u not in still_used]
 
     # -- references -----------------------------------------------------------------------
 
-    def add_ref(self, env_id: str, holder: str) -> None:
+    def add_ref(self, env_id: str, holder: str) -> bool:
+        """Record ``holder``'s reference (and a use of the env); True if it is new."""
         now = time.time()
         with self._tx() as db:
+            new = (
+                db.execute(
+                    "SELECT 1 FROM refs WHERE env_id = ? AND holder = ?", (env_id, holder)
+                ).fetchone()
+                is None
+            )
             db.execute(
                 "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
                 (env_id, holder, os.getpid(), now),
@@ -589,10 +599,26 @@ class Cache:
                 "(SELECT uri FROM env_resources WHERE env_id = ?)",
                 (now, env_id),
             )
+        return new
 
-    def remove_ref(self, env_id: str, holder: str) -> None:
+    def touch_env(self, env_id: str) -> None:
+        """A use of the env now: its last use and its resources' (LRU eviction)."""
+        now = time.time()
         with self._tx() as db:
-            db.execute("DELETE FROM refs WHERE env_id = ? AND holder = ?", (env_id, holder))
+            db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
+            db.execute(
+                "UPDATE resources SET last_used = ? WHERE uri IN "
+                "(SELECT uri FROM env_resources WHERE env_id = ?)",
+                (now, env_id),
+            )
+
+    def remove_ref(self, env_id: str, holder: str) -> bool:
+        """Drop ``holder``'s reference; True if there was one."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "DELETE FROM refs WHERE env_id = ? AND holder = ?", (env_id, holder)
+            )
+        return cursor.rowcount > 0
 
     def holders(self, env_id: str) -> list[str]:
         with self._lock:

@@ -13,7 +13,12 @@ user, with no side door in the handlers.
 A kernel's references are held under ``kernel:<kernel id>`` (or ``kernel:<kernel id>/<more>``);
 they are released when the kernel manager reports the kernel shut down (the ``kernel_actions``
 event) and, for kernels that die without a shutdown, by a periodic sweep that compares the
-kernels that were running with those that still are.
+kernels that were running with those that still are. A kernel keeps its id across restarts but
+not its process: references its process took (``kernel:<id>/pool:<pid>:...``,
+``kernel:<id>/runtime_env-magic:<pid>:...``) are released as soon as that process is gone, at
+the restart event and by the same sweep (an auto-restart after the kernel was killed included);
+``kernel:<id>`` itself (the provisioner's, for a kernel started in an env) stays while the
+kernel does.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import threading
 from typing import Any
 
+import psutil
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
 from traitlets import Float, Int, List, Unicode
@@ -36,7 +43,7 @@ from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
 from ..spec import SpecPolicy
-from .events import SCHEMA_PATH, EventForwarder
+from .events import SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
 from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
 from .panel import panel_handlers
@@ -55,6 +62,30 @@ def kernel_holder(kernel_id: str) -> str:
 def holds_for_kernel(holder: str, kernel_id: str) -> bool:
     base = kernel_holder(kernel_id)
     return holder == base or holder.startswith(base + "/")
+
+
+#: ``<kind>:<pid>:...``: a holder a kernel's process took for itself (see ``ServerClient``).
+_PROCESS_HOLDER = re.compile(r"(?P<kind>[A-Za-z_][A-Za-z0-9_.-]*):(?P<pid>[0-9]{1,10}):")
+
+
+def holder_process(holder: str, kernel_id: str) -> int | None:
+    """The pid of the kernel process that took ``holder`` (``kernel:<id>/pool:<pid>:...``);
+    None for the kernel's own holder and for holders that name no process."""
+    base = kernel_holder(kernel_id) + "/"
+    if not holder.startswith(base):
+        return None
+    found = _PROCESS_HOLDER.match(holder, len(base))
+    return int(found.group("pid")) if found else None
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` is gone (a zombie is gone; one we may not look at is not)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+    except psutil.AccessDenied:
+        return False
 
 
 async def local_agent() -> RuntimeEnvAgent | None:
@@ -140,6 +171,7 @@ class RuntimeEnvExtension(ExtensionApp):
         self._started = False
         self._stopped = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._known_kernels: set[str] = set()
         self._states: dict[str, str] = {}
         logger = self.server.event_logger
@@ -153,6 +185,7 @@ class RuntimeEnvExtension(ExtensionApp):
         self._unlisten = [
             self.agent.add_listener(self.forwarder),
             self.agent.add_listener(self._track_state),
+            self.agent.on_holders(self._holders_changed),
         ]
         logger.add_listener(schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action)
         self._saved_environ = {k: os.environ.get(k) for k in (URL_ENV_VAR, TOKEN_ENV_VAR)}
@@ -201,6 +234,9 @@ class RuntimeEnvExtension(ExtensionApp):
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sweeper
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.server.event_logger is not None:
             self.server.event_logger.remove_listener(
                 schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action
@@ -258,6 +294,13 @@ class RuntimeEnvExtension(ExtensionApp):
             counts[state] = counts.get(state, 0) + 1
         return counts
 
+    def _holders_changed(self, env_id: str) -> None:
+        """A reference was taken or dropped: tell the event stream's subscribers (the sidebar
+        asks the REST API who holds it, by name)."""
+        logger = self.server.event_logger
+        if logger is not None:
+            logger.emit(schema_id=SCHEMA_ID, data={"kind": "holders", "env_id": env_id})
+
     def _track_state(self, event: Event) -> None:
         if event.kind != "state":
             return
@@ -309,6 +352,34 @@ class RuntimeEnvExtension(ExtensionApp):
             )
         return released
 
+    async def release_gone_processes(self, kernel_ids: set[str]) -> list[tuple[str, str]]:
+        """Release the references that processes of ``kernel_ids`` took and that are gone
+        (a restarted kernel's old process); the (env id, holder) released. Kernels without a
+        local process (remote ones) are left alone: their pids mean nothing here. Called at a
+        kernel's restart event and by the sweep."""
+        if self._stopped or not self._started or self.agent is None or not kernel_ids:
+            return []
+        local = {k for k in kernel_ids if self._kernel_pid(k) is not None}
+        refs = await self.agent.holders_matching(KERNEL_HOLDER_PREFIX)
+        stale = []
+        for env_id, holder in refs:
+            kernel_id = holder[len(KERNEL_HOLDER_PREFIX) :].split("/", 1)[0]
+            pid = holder_process(holder, kernel_id) if kernel_id in local else None
+            if pid is not None:
+                stale.append((env_id, holder, pid))
+        gone = await asyncio.to_thread(lambda: {p for _, _, p in stale if process_gone(p)})
+        released = []
+        for env_id, holder, pid in stale:
+            if pid in gone:
+                await self.agent.release(env_id, holder)
+                released.append((env_id, holder))
+        if released:
+            self.log.info(
+                "jupyter_runtimeenv: released %s reference(s) of kernel processes that are gone",
+                len(released),
+            )
+        return released
+
     def note_holder(self, holder: str) -> None:
         """Remember the kernel behind a ``kernel:<id>`` holder if this server runs it, so that
         the sweep releases its references even if it dies before the next sweep. Called by
@@ -322,6 +393,7 @@ class RuntimeEnvExtension(ExtensionApp):
     async def _on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         if data.get("action") == "restart" and data.get("kernel_id"):
             self.kernel_reports.drop(str(data["kernel_id"]))  # its workers died with it
+            await self.release_gone_processes({str(data["kernel_id"])})
         if data.get("action") == "shutdown" and data.get("kernel_id"):
             self.kernel_reports.drop(str(data["kernel_id"]))
             await self.release_kernel(str(data["kernel_id"]))
@@ -331,6 +403,13 @@ class RuntimeEnvExtension(ExtensionApp):
         running = set(manager.list_kernel_ids())
         running.update(getattr(manager, "_pending_kernels", {}))
         return running
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, owned by the extension: cancelled when the server
+        stops. Called by the sidebar's handlers (a rebuild's follow-up)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def running_kernels(self) -> set[str]:
         """The ids of the kernels this server runs. Called by the sidebar's handlers."""
@@ -358,3 +437,7 @@ class RuntimeEnvExtension(ExtensionApp):
                 except Exception:  # the sweep must outlive one bad release
                     self.log.exception("jupyter_runtimeenv: releasing kernel %s failed", kernel_id)
             self._known_kernels = running
+            try:
+                await self.release_gone_processes(running)
+            except Exception:
+                self.log.exception("jupyter_runtimeenv: releasing gone kernel processes failed")

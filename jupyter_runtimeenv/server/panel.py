@@ -18,6 +18,7 @@ say so. Everything that touches the cache or parses a spec runs in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 import re
@@ -45,6 +46,8 @@ _KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
 OVERVIEW_SPECS = 50
 OVERVIEW_PAGE = 500
 _KERNEL_HOLDER = re.compile(r"^kernel:(?P<id>[^/]+)(?:/(?P<rest>.*))?$")
+#: The holder of a rebuild nobody else holds, for as long as the build runs.
+REBUILD_HOLDER = "rebuild"
 _STATE_OF_NOTEBOOK_ENV = {"READY": "cached", "BUILDING": "building", "PENDING": "building"}
 
 
@@ -65,6 +68,8 @@ def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
         return {"id": holder, "label": "CLI", "kind": "cli"}
     if holder == DEFAULT_HOLDER:
         return {"id": holder, "label": "REST (user)", "kind": "user"}
+    if holder == REBUILD_HOLDER:
+        return {"id": holder, "label": "rebuild (sidebar)", "kind": "rebuild"}
     if holder.startswith("name:"):
         return {"id": holder, "label": f"env {holder[5:]}", "kind": "named"}
     if holder.startswith("pool:"):
@@ -79,6 +84,9 @@ class PanelHost(AgentHost, Protocol):
     def kernel_reports(self) -> KernelReports: ...
 
     def running_kernels(self) -> set[str]: ...
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, cancelled when the server stops."""
 
 
 class PanelHandler(RuntimeEnvHandler):
@@ -181,7 +189,11 @@ class RebuildHandler(PanelHandler):
     @_handles_done
     async def post(self, env_id: str) -> None:
         """Build an env again from its spec: a FAILED one is retried; a READY one is removed
-        (409 while others hold it, unless ``force=true``) and built anew."""
+        (409 while others than the caller hold it, unless ``force=true``) and built anew.
+
+        The env keeps its holders: their references outlive the removal (see
+        ``RuntimeEnvAgent.remove``), and the rebuild takes no reference of its own beyond the
+        build (an env nobody holds is held by ``rebuild`` while it builds, then by nobody)."""
         agent = await self.agent()
         env_id = await self.env_id(agent, env_id)
         env = await self.run(agent.env_status(env_id))
@@ -189,13 +201,30 @@ class RebuildHandler(PanelHandler):
             self.fail(409, "EnvBusy", f"environment {env_id} is building already")
             return
         spec = await self.run(asyncio.to_thread(agent.parse, env["spec"]))
-        holder = self.holder()
+        holders = [h for h in env.get("holders", []) if h != REBUILD_HOLDER]
         if env["state"] == "READY":
-            await agent.release(env_id, holder)
-            await self.run(agent.remove(env_id, force=self.flag("force")))
+            others = [h for h in holders if h != self.holder()]
+            if others and not self.flag("force"):
+                self.fail(
+                    409,
+                    "EnvInUse",
+                    f"environment {env_id} is held by {', '.join(others)}; use force to rebuild",
+                )
+                return
+            await self.run(agent.remove(env_id, force=True))
+        holder = holders[0] if holders else REBUILD_HOLDER
         status = await agent.ensure(spec, holder, retry=True)
+        if not holders:
+            self.panel_host.spawn(_release_after_build(agent, env_id))
         self.set_status(202)
         await self.reply(status)
+
+
+async def _release_after_build(agent: Any, env_id: str) -> None:
+    with contextlib.suppress(Exception):  # a failure is the env's state, shown by the panel
+        await agent.wait(env_id)
+    with contextlib.suppress(EnvNotFound):
+        await agent.release(env_id, REBUILD_HOLDER)
 
 
 class KernelsHandler(PanelHandler):

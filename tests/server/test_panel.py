@@ -107,7 +107,7 @@ async def test_rebuild_retries_a_failed_env_and_rebuilds_a_ready_one(jp_fetch: A
             break
         await asyncio.sleep(0.05)
     assert env["state"] == "READY"
-    assert env["holders"] == ["user"]  # the others' references went with the removal
+    assert env["holders"] == ["cli", "user"]  # a rebuild keeps its holders (issue 21 item 4)
 
     code, body = await refused(jp_fetch, "POST", "envs", "0" * 64, "rebuild")
     assert code == 404
