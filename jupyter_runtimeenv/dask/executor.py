@@ -182,7 +182,9 @@ class DaskExecutor(ClusterExecutor):
         env = self._staging.env_for(runtime_env)
         self._pending[task_id] = pending
         future.set_cancel_hook(lambda _f: self._cancel(pending))
+        future.add_done_callback(lambda _f: self.changed())
         env.prepared.add_done_callback(lambda _f: self._send(env, pending))
+        self.changed()
         return future
 
     def shutdown(self) -> None:

@@ -43,6 +43,7 @@ from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
 from ..spec import SpecPolicy
+from .cluster import cluster_handlers
 from .events import SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
 from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
@@ -196,6 +197,7 @@ class RuntimeEnvExtension(ExtensionApp):
     def initialize_handlers(self) -> None:
         """Called by ``ExtensionApp`` to collect the handlers (it prefixes ``base_url``)."""
         self.handlers.extend(default_handlers)
+        self.handlers.extend(cluster_handlers)  # first: it answers one of the panel's routes
         self.handlers.extend(panel_handlers)
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:

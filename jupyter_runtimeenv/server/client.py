@@ -137,6 +137,26 @@ class ServerClient:
         if self.kernel_id:
             self._request("POST", f"kernels/{_quote(self.kernel_id)}", body=dict(report))
 
+    def commands_sync(self, wait: float) -> list[dict[str, Any]]:
+        """The commands the server holds for this kernel (the sidebar's Stop and GC on its
+        cluster), waiting up to ``wait`` seconds for one. Called by ``workers.commands``."""
+        if not self.kernel_id:
+            return []
+        answer = self._request(
+            "GET",
+            f"kernels/{_quote(self.kernel_id)}/commands",
+            params={"wait": str(int(wait))},
+            timeout=wait + self.timeout,
+        )
+        commands = answer.get("commands") if isinstance(answer, dict) else None
+        return [c for c in commands or [] if isinstance(c, dict)]
+
+    def answer_sync(self, command_id: str, answer: Mapping[str, Any]) -> None:
+        """This kernel's answer to one of its commands."""
+        if self.kernel_id:
+            path = f"kernels/{_quote(self.kernel_id)}/commands/{_quote(command_id)}"
+            self._request("POST", path, body=dict(answer))
+
     # -- async (the same requests, in a thread) -------------------------------------------
 
     async def acquire(

@@ -116,8 +116,12 @@ class KernelReports:
         """
         old = self._reports.get(kernel_id)
         self._reports[kernel_id] = {"kernel_id": kernel_id, **report, "updated": time.time()}
-        if old is None or old["pools"] != report["pools"]:
-            self._emit({"kind": "report", "kernel_id": kernel_id, "pools": report["pools"]})
+        cluster = report.get("cluster")
+        if old is None or old["pools"] != report["pools"] or _moved(old.get("cluster"), cluster):
+            event = {"kind": "report", "kernel_id": kernel_id, "pools": report["pools"]}
+            if cluster is not None:
+                event["cluster"] = cluster
+            self._emit(event)
 
     def get(self, kernel_id: str) -> dict[str, Any] | None:
         return self._reports.get(kernel_id)
@@ -157,6 +161,14 @@ class KernelReports:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             raise LookupError(f"no process {pid}: the worker has already stopped") from None
+
+
+def _moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """Whether a kernel's cluster changed, not counting when it was looked at."""
+    strip = {"updated"}
+    before = {k: v for k, v in (old or {}).items() if k not in strip} if old else None
+    after = {k: v for k, v in (new or {}).items() if k not in strip} if new else None
+    return before != after
 
 
 def parent_pid(pid: int) -> int | None:

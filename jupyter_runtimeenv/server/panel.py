@@ -30,6 +30,7 @@ from tornado import web
 from ..errors import EnvNotFound
 from ..notebook_meta import DRIVER_FIELDS, METADATA_VERSION, relative_spec
 from ..spec.paths import base_dir
+from .cluster_report import validate_full
 from .handlers import (
     API_PREFIX,
     DEFAULT_HOLDER,
@@ -38,7 +39,7 @@ from .handlers import (
     RuntimeEnvHandler,
     _handles_done,
 )
-from .kernels import KernelReports, ReportError, validate_report
+from .kernels import KernelReports, ReportError
 
 _KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
 #: The overview reads the stored spec (for its brief) of this many most recently used envs;
@@ -260,7 +261,7 @@ class KernelReportHandler(PanelHandler):
         """A kernel's report: its pools and workers, its declared env, its cwd."""
         self.kernel_id_checked(kernel_id)
         try:
-            report = validate_report(await self.json_body())
+            report = validate_full(await self.json_body())  # the cluster section too
         except ReportError as exc:
             self.fail(400, "ReportError", str(exc))
             return

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -150,7 +150,27 @@ class ClusterFuture(RemoteFuture[Any]):
 
 
 class ClusterExecutor(Executor):
-    """An executor whose calls run on nodes (Dask workers)."""
+    """An executor whose calls run on nodes (Dask workers).
+
+    ``observe(callback)`` is told (cheaply, from any thread) when its tasks start or end, as
+    the pools tell theirs: the kernel's report looks at the cluster again then.
+    """
+
+    _observers: list[Callable[[], None]]
+
+    def observe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` when this executor's tasks change; returns its remover."""
+        observers = self.__dict__.setdefault("_observers", [])
+        observers.append(callback)
+        return lambda: observers.remove(callback) if callback in observers else None
+
+    def changed(self) -> None:
+        """Tell the observers (called by the implementation; never raises)."""
+        for callback in list(self.__dict__.get("_observers", ())):
+            try:
+                callback()
+            except Exception:  # an observer's bug must not break a task
+                continue
 
     @abc.abstractmethod
     def build_on_nodes(

@@ -18,14 +18,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from .. import session
+from .cluster import ClusterExecutor
+from .commands import ensure_poller
 from .pool import live_pools, observe
 
 log = logging.getLogger(__name__)
 
 _reporter: Reporter | None = None
+_client: Any = None  # the ServerClient the reporter posts with
 _disabled = False  # not a kernel of a server with the extension: never report
 _installed = False
 _lock = threading.Lock()
@@ -66,7 +70,47 @@ def snapshot() -> dict[str, Any]:
         "pools": pools,
         "runtime_env": spec.to_json() if spec is not None else None,
         "cwd": os.getcwd(),
+        "cluster": cluster_section(),
     }
+
+
+#: The least time between two looks at a cluster (each asks every node).
+CLUSTER_SECONDS = 1.0
+_cluster_seen: tuple[int, float, dict[str, Any] | None] | None = None
+_observed: set[int] = set()
+
+
+def cluster_section() -> dict[str, Any] | None:
+    """The session executor's cluster as the report shows it (``None`` when it runs on no
+    cluster): asked of the nodes at most every ``CLUSTER_SECONDS``; the last answer when the
+    cluster cannot be asked now. Starts observing that executor (its tasks' changes wake the
+    reporter) and, in a kernel of a server, the sidebar's commands for it."""
+    global _cluster_seen
+    executor = session.executor()
+    if not isinstance(executor, ClusterExecutor):
+        return None
+    if id(executor) not in _observed:
+        _observed.add(id(executor))
+        executor.observe(notify)
+    client = _client
+    if client is not None:
+        ensure_poller(client.commands_sync, client.answer_sync, _cluster_executor)
+    seen = _cluster_seen
+    now = time.monotonic()
+    if seen is not None and seen[0] == id(executor) and now - seen[1] < CLUSTER_SECONDS:
+        return seen[2]
+    try:
+        section: dict[str, Any] | None = executor.cluster_report()
+    except Exception as exc:  # the scheduler is unreachable now: the last look stands
+        log.debug("runtime env cluster not reported: %s", exc)
+        section = seen[2] if seen is not None and seen[0] == id(executor) else None
+    _cluster_seen = (id(executor), now, section)
+    return section
+
+
+def _cluster_executor() -> ClusterExecutor | None:
+    executor = session.executor()
+    return executor if isinstance(executor, ClusterExecutor) else None
 
 
 class Reporter:
@@ -101,7 +145,7 @@ class Reporter:
             report = snapshot()
             if report == self._last:
                 continue
-            if not woken and not report["pools"] and self._last is not None:
+            if not woken and not report["pools"] and not report["cluster"] and self._last:
                 continue  # periodic: only memory changes, and there are no workers
             try:
                 self._post(report)
@@ -134,7 +178,7 @@ def notify() -> None:
 
 
 def _start() -> None:
-    global _reporter, _disabled
+    global _reporter, _disabled, _client
     from ..client import URL_ENV_VAR, get_client
     from ..server.client import ServerClient, current_kernel_id
 
@@ -148,4 +192,5 @@ def _start() -> None:
             _disabled = True
             return
         reporter = _reporter = Reporter(client.report_sync)
+        _client = client
     reporter.notify()

@@ -206,6 +206,7 @@ async def test_releasing_a_holder_keeps_the_env_until_gc(jp_fetch: Any) -> None:
 def test_the_openapi_description_ships_and_names_every_route() -> None:
     from importlib.resources import files
 
+    from jupyter_runtimeenv.server.cluster import cluster_handlers
     from jupyter_runtimeenv.server.handlers import default_handlers
     from jupyter_runtimeenv.server.panel import panel_handlers
 
@@ -218,6 +219,7 @@ def test_the_openapi_description_ships_and_names_every_route() -> None:
         .replace("(?P<holder>[^/]+)", "{holder}")
         .replace("(?P<kernel_id>[0-9A-Za-z_-]{1,64})", "{kernel_id}")
         .replace("(?P<pid>[0-9]{1,10})", "{pid}")
-        for pattern, _ in [*default_handlers, *panel_handlers]
+        .replace("(?P<command_id>c[0-9]{1,18})", "{command_id}")
+        for pattern, _ in [*default_handlers, *cluster_handlers, *panel_handlers]
     }
     assert described == routes
