@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +34,8 @@ from ..kernels.command import kernel_command
 #: Variables of the Dask worker a kernel must not inherit (the server's, a parent's pid).
 _SCRUBBED = ("JUPYTER_RUNTIMEENV_URL", "JUPYTER_RUNTIMEENV_TOKEN", "JPY_PARENT_PID")
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: In a kernel's directory: the pid of the Dask worker that started it (see ``sweep``).
+OWNER_FILE = "owner"
 #: How long a stopped kernel's processes get to disappear after SIGKILL.
 KILL_GRACE = 10.0
 
@@ -84,6 +87,7 @@ def launch(
     ctx = kernel.ctx
     _private_dir(kernel.directory.parent)
     _private_dir(kernel.directory)
+    (kernel.directory / OWNER_FILE).write_text(str(os.getpid()), encoding="utf-8")
     work = kernel.directory / "work"
     _private_dir(work)
     connection_file = kernel.directory / "connection.json"
@@ -256,3 +260,26 @@ def tail(path: Path, lines: int = 20) -> list[str]:
 def last_line(path: Path) -> str:
     lines = tail(path, 1)
     return lines[0].strip()[:300] if lines else ""
+
+
+def sweep(kernels_dir: Path) -> list[str]:
+    """Remove the directories of kernels whose Dask worker is gone (it died with them: a
+    crash leaves their connection files behind). Kernels of live workers sharing this cache
+    root are left alone. The kernel ids removed. Blocking."""
+    import psutil
+
+    removed: list[str] = []
+    try:
+        entries = list(kernels_dir.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            owner = int((entry / OWNER_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            owner = 0  # never started, or not ours: nothing can be using it
+        if owner and psutil.pid_exists(owner):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry.name)
+    return removed

@@ -42,7 +42,7 @@ from distributed.worker import Worker
 from ..agent.events import Event
 from ..errors import BuildError, KernelStartError
 from ..session import CLUSTER_VAR
-from .kernel_process import NodeKernel, kill, launch, node_ip, running
+from .kernel_process import NodeKernel, kill, launch, node_ip, running, sweep
 from .node import PLUGIN_NAME as NODE_PLUGIN_NAME
 from .node import NodeAgent
 
@@ -85,6 +85,7 @@ class NodeKernels:
         self.address = str(worker.address)
         self._kernels: dict[str, NodeKernel] = {}
         self._lock = threading.Lock()
+        self._swept = False
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -118,6 +119,9 @@ class NodeKernels:
         """
         kernel = self._kernel(kernel_id, topic)
         node = self._node()
+        if not self._swept:  # once per Dask worker: what crashed workers left behind
+            self._swept = True
+            await asyncio.to_thread(sweep, node.cache_root / "kernels")
         spec = node.spec_of(token)
         if spec is None:
             raise KernelStartError(

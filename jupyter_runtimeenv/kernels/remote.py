@@ -34,7 +34,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
@@ -115,15 +115,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         events = self._events_for_start()
         try:
             await self._prepare(events)
-        except KernelStartError as exc:
-            events.emit("failed", str(exc))
-            for line in exc.detail:
-                self.log.error("jupyter_runtimeenv: kernel %s: | %s", self.kernel_id, line)
-            raise
-        except RuntimeEnvError as exc:  # a bad spec in the kernelspec, a hashing limit
-            error = KernelStartError(f"kernel {self.kernel_id}: {exc}", node=self.node or "")
-            events.emit("failed", str(error))
-            raise error from None
+        except BaseException as exc:
+            await self._start_failed(exc, events)
         spec_env = dict(self.kernel_spec.env) if self.kernel_spec is not None else {}
         self._kernel_env = {
             **{k: env[k] for k in spec_env if k in env},
@@ -149,11 +142,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
                 {"start_timeout": self.start_timeout, "encrypt": self._encrypted()},
                 timeout=self.start_timeout + self.request_timeout,
             )
-        except KernelStartError as exc:
-            events.emit("failed", str(exc))
-            for line in exc.detail:
-                self.log.error("jupyter_runtimeenv: kernel %s: | %s", self.kernel_id, line)
-            raise
+        except BaseException as exc:
+            await self._start_failed(exc, events)
         raw = dict(info["connection"])
         raw["key"] = str(raw["key"]).encode()  # the kernel manager compares bytes
         connection = cast(KernelConnectionInfo, raw)
@@ -308,6 +298,42 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             self._watch()
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _start_failed(self, exc: BaseException, events: KernelEvents) -> NoReturn:
+        """A start failed (or was cancelled): tell it in one line naming the node, and leave
+        nothing behind (a half-started kernel, its env reference and directory on the node,
+        this kernel's use of the cluster link). The kernel manager does not call ``cleanup``
+        for a start that raised."""
+        error: BaseException = exc
+        if isinstance(exc, Exception) and not isinstance(exc, KernelStartError):
+            where = f" on Dask worker {self.node}" if self.node else ""
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            if not isinstance(exc, RuntimeEnvError):
+                text = f"{type(exc).__name__}: {text}"
+            error = KernelStartError(
+                f"kernel {self.kernel_id} could not start{where}: {text}", node=self.node or ""
+            )
+        if isinstance(error, KernelStartError):
+            events.emit("failed", str(error))
+            for line in error.detail:
+                self.log.error("jupyter_runtimeenv: kernel %s: | %s", self.kernel_id, line)
+        await asyncio.shield(self._abandon())
+        if error is exc:
+            raise exc
+        raise error from None
+
+    async def _abandon(self) -> None:
+        from ..dask.node_kernels import node_kernel_stop
+
+        self._running = False
+        link, node = self._link, self.node
+        if link is not None and node is not None and not await self._node_gone():
+            with contextlib.suppress(Exception):  # best effort: the node may be going away
+                owners = await self._call(
+                    node_kernel_stop, self.kernel_id, True, timeout=self.request_timeout
+                )
+                await self._forget_pools(link, owners)
+        await self._disconnect()
 
     def _encrypted(self) -> bool:
         """Whether the kernel manager asks for CurveZMQ (its ``transport_encryption`` is

@@ -21,20 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from processes import alive
+
+__all__ = ["DaskNodes", "alive", "ancestors", "free_port", "listening", "wait_until"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, or a process gone between two looks, does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return False
 
 
 def ancestors(pid: int) -> list[int]:

@@ -46,7 +46,9 @@ def install(prefix: Path, name: str, spec: dict[str, Any], address: str, **confi
     (path / "kernel.json").write_text(json.dumps(kernel))
 
 
-def start_fails(prefix: Path, name: str) -> KernelStartError:
+def start_fails(prefix: Path, name: str, nodes: DaskNodes | None = None) -> KernelStartError:
+    """The one-line error of a start that fails; with ``nodes``, also that nothing of the
+    kernel is left on them (no process, no env reference, no directory)."""
     specs = KernelSpecManager(kernel_dirs=[str(prefix / "share" / "jupyter" / "kernels")])
     km = KernelManager(kernel_name=name, kernel_spec_manager=specs)
     try:
@@ -55,10 +57,18 @@ def start_fails(prefix: Path, name: str) -> KernelStartError:
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
-        else:
-            km.cleanup_resources()
+        # No cleanup_resources(): the provisioner must leave nothing without it (a kernel
+        # manager does not clean up after a start that raised).
     message = str(failed.value)
     assert "\n" not in message, message
+    if nodes is not None:
+        holder = f"kernel:{km.kernel_id}"
+        assert all(km.kernel_id not in known for known in nodes.node_kernels().values())
+        envs = [e for each in nodes.node_envs().values() for e in each]
+        assert all(holder not in e["holders"] for e in envs), envs
+        assert not any(
+            (root / "kernels" / str(km.kernel_id)).exists() for root in nodes.cache_roots
+        )
     return failed.value
 
 
@@ -88,7 +98,7 @@ def test_a_failed_build_names_the_node_the_step_and_the_installer(
     nodes: DaskNodes, tmp_path: Path
 ) -> None:
     install(tmp_path, "broken", {"pip": ["no-such-package-anywhere==1.0"]}, nodes.address)
-    error = start_fails(tmp_path, "broken")
+    error = start_fails(tmp_path, "broken", nodes)
     text = str(error)
     assert error.node in nodes.worker_pids()
     assert text.startswith(f"building the kernel's environment failed on Dask worker {error.node}:")
@@ -102,7 +112,7 @@ def test_a_kernel_that_does_not_come_up_in_time_is_killed(nodes: DaskNodes, tmp_
     marker = f"never-binds-{os.getpid()}"
     argv = ["python", "-c", f"import time; time.sleep(600)  # {marker}", "{connection_file}"]
     install(tmp_path, "silent", {}, nodes.address, argv=argv, start_timeout=3)
-    error = start_fails(tmp_path, "silent")
+    error = start_fails(tmp_path, "silent", nodes)
     assert str(error).startswith(
         f"the kernel did not come up within 3 s on Dask worker {error.node}"
     )
@@ -113,7 +123,7 @@ def test_a_kernel_that_does_not_come_up_in_time_is_killed(nodes: DaskNodes, tmp_
 def test_a_kernel_that_exits_at_start_shows_its_last_line(nodes: DaskNodes, tmp_path: Path) -> None:
     argv = ["python", "-c", "raise SystemExit('no kernel today')", "{connection_file}"]
     install(tmp_path, "quits", {}, nodes.address, argv=argv)
-    error = start_fails(tmp_path, "quits")
+    error = start_fails(tmp_path, "quits", nodes)
     assert str(error) == (
         f"the kernel exited with code 1 while starting on Dask worker {error.node}: no kernel today"
     )
