@@ -44,7 +44,7 @@ from ..errors import BuildError, KernelStartError
 from ..session import CLUSTER_VAR
 from .kernel_process import NodeKernel, kill, launch, node_ip, running, sweep
 from .node import PLUGIN_NAME as NODE_PLUGIN_NAME
-from .node import NodeAgent
+from .node import NodeAgent, NotStaged
 
 PLUGIN_NAME = "jupyter-runtimeenv-node-kernels"
 #: Set in a kernel's environment: its node (the Dask worker's address) and its kernel id.
@@ -93,17 +93,17 @@ class NodeKernels:
         """How busy this node is, and whether the env staged as ``token`` is READY here."""
         node = self._node()
         ready = False
-        spec = node.spec_of(token)
-        if spec is not None:
-            with contextlib.suppress(Exception):  # not parsed or not known: not ready
-                parsed = await asyncio.to_thread(node.agent.parse, spec)
+        staged = node.spec_of(token) is not None
+        if staged:
+            with contextlib.suppress(Exception):  # not parsed, collected, unknown: not ready
+                parsed = await asyncio.to_thread(node.parsed, token)
                 status = await node.on_agent_loop(node.agent.env_status(parsed.env_id))
                 ready = status.get("state") == "READY"
         with self._lock:
             busy = sum(1 for k in self._kernels.values() if running(k))
         return {
             "ready": ready,
-            "staged": spec is not None,
+            "staged": staged,
             "kernels": busy,
             "executing": len(self.worker.state.executing),
             "nthreads": int(self.worker.state.nthreads),
@@ -122,14 +122,15 @@ class NodeKernels:
         if not self._swept:  # once per Dask worker: what crashed workers left behind
             self._swept = True
             await asyncio.to_thread(sweep, node.cache_root / "kernels")
-        spec = node.spec_of(token)
-        if spec is None:
-            raise KernelStartError(
-                f"the kernel's environment is not staged on Dask worker {self.address}",
-                node=self.address,
-            )
         try:
-            parsed = await asyncio.to_thread(node.agent.parse, spec)
+            # Parsed once per node; NotStaged if its files were collected since staging.
+            parsed = await asyncio.to_thread(node.parsed, token)
+        except NotStaged:
+            raise KernelStartError(
+                f"the kernel's environment is not staged on Dask worker {self.address}"
+                " (its files were collected meanwhile: start the kernel again)",
+                node=self.address,
+            ) from None
         except Exception as exc:
             raise KernelStartError(
                 f"the kernel's environment is refused on Dask worker {self.address}: {exc}",
@@ -138,7 +139,13 @@ class NodeKernels:
         forwarder = _Forwarder(self.worker, topic, parsed.env_id)
         unlisten = await node.on_agent_loop(_listen(node, forwarder))
         try:
-            ctx = await node.on_agent_loop(node.agent.get_or_create(parsed, _holder(kernel_id)))
+            # As the node's own builds do: no blob sweep while this build links its blobs.
+            await asyncio.to_thread(node.enter_busy)
+            try:
+                ctx = await node.on_agent_loop(node.agent.get_or_create(parsed, _holder(kernel_id)))
+            finally:
+                node.leave_busy()
+            await asyncio.to_thread(node.linked, token, ctx.env_id)  # its trees live with it
         except BuildError as exc:
             raise KernelStartError(
                 f"building the kernel's environment failed on Dask worker {self.address}:"

@@ -183,7 +183,17 @@ class DaskNodes:
 
     def node_envs(self) -> dict[str, list[dict[str, Any]]]:
         """Worker address -> the envs of its node agent (id, state, holders)."""
-        return dict(self.client.run(_node_envs, on_error="return"))
+
+        # Defined here, so that cloudpickle sends it by value: the workers need not import
+        # this module (its imports come from the tests' sys.path).
+        async def envs(dask_worker: Any) -> list[dict[str, Any]]:
+            from jupyter_runtimeenv.dask.node import PLUGIN_NAME
+
+            node = dask_worker.plugins[PLUGIN_NAME].node
+            found: list[dict[str, Any]] = await node.on_agent_loop(node.agent.status())
+            return [{k: e.get(k) for k in ("env_id", "state", "holders")} for e in found]
+
+        return dict(self.client.run(envs, on_error="return"))
 
     def kill_worker(self, address: str) -> int:
         """SIGKILL the worker process at ``address`` (the node dies); its pid."""
@@ -216,11 +226,3 @@ class DaskNodes:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not any(alive(p) for p in leftovers), 20, "the cluster's children")
-
-
-async def _node_envs(dask_worker: Any) -> list[dict[str, Any]]:
-    from jupyter_runtimeenv.dask.node import PLUGIN_NAME
-
-    node = dask_worker.plugins[PLUGIN_NAME].node
-    envs: list[dict[str, Any]] = await node.on_agent_loop(node.agent.status())
-    return [{k: e.get(k) for k in ("env_id", "state", "holders")} for e in envs]
