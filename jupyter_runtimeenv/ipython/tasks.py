@@ -247,7 +247,7 @@ class TaskProgress:
             from .static import finalize
 
             # The bar stays readable without the kernel (saved notebooks): static HTML + text.
-            finalize(self._handle, self._widget.html, counts.line())
+            finalize(self._handle, self._widget.html, text_of(counts))
         else:
             text = text_of(counts)
             self._out.write(f"\r{text}\n" if self._live else f"{text}\n")
