@@ -20,15 +20,16 @@ Order of events, which is the point of this file:
    driver's copy loaded by file path, so nothing else of the driver's site-packages leaks
    in), run the spec's ``worker_process_setup_hook`` if it has one, and say HELLO (carrying
    the hook's failure, after which the worker exits);
-5. serve CALL frames one at a time with RETURN or RAISE, until EOF on the channel, or
-   until a task closed our stdout/stderr (we answer it, then exit: see ``stdio_intact``).
+5. hand over to the task loop (``_serve.py``, loaded by file path like ``protocol.py`` and
+   ``shm.py``), which answers calls until EOF on the channel, or until a task closed our
+   stdout/stderr (it answers that call, then we exit: see ``stdio_intact``).
 
 Imports: the standard library and cloudpickle only, and as few as possible before HELLO:
 a worker's start is on the critical path of every new pool. cloudpickle itself (~30 ms
 with the modules it pulls in) is imported when first needed: by ``pickle.loads`` for a
 function pickled by value, or to pickle an error or an awkward result; a function
 importable by reference never pays for it. ``typing``, ``socket``, ``threading`` and
-``contextlib`` are avoided (the channel is driven with ``os.readv``/``os.write``).
+``contextlib`` are avoided (the channel is driven with ``_socket``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import time
 
 TYPE_CHECKING = False  # importing typing costs ~3 ms at start; annotations are strings
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
     from typing import Any
 
@@ -57,8 +57,6 @@ WARM_VAR = "JUPYTER_RUNTIMEENV_WARM"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: ``../_exc_state.py`` (the driver-side package's, loaded by path on the first error).
 _EXC_STATE = "_jupyter_runtimeenv_exc_state"
-#: Functions loaded per driver-assigned key; the driver sends the blob anyway (it is small).
-_FUNCTION_CACHE_SIZE = 256
 
 
 def apply_sys_path(entries: list[str], path: list[str]) -> list[str]:
@@ -93,32 +91,6 @@ def ensure_cloudpickle() -> None:
     if not fallback:
         raise ImportError("No module named 'cloudpickle' (and no fallback given)")
     _load_by_path("cloudpickle", os.path.join(fallback, "__init__.py"), fallback)
-
-
-def cloudpickle_dumps(obj: object, protocol: int | None = None) -> bytes:
-    """``cloudpickle.dumps``, importing cloudpickle on first use."""
-    import cloudpickle
-
-    data: bytes = cloudpickle.dumps(obj, protocol=protocol)
-    return data
-
-
-class FdChannel:
-    """The worker's end of the socketpair, with the two methods ``protocol`` uses.
-
-    Plain ``os`` calls on the descriptor: the ``socket`` module costs ~3 ms to import.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def recv_into(self, view: memoryview) -> int:
-        return os.readv(self.fd, [view])
-
-    def sendall(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
 
 
 # -- the parent-death watchdog (the driver's side: ``lifeline.py``) ---------------------
@@ -231,32 +203,10 @@ def stdio_intact() -> bool:
 STDIO_BROKEN = 5
 
 
-def failure(phase: str, exc: BaseException, dumps: Callable[[object], bytes], skip: int) -> bytes:
-    """The RAISE payload: plain values, so the driver can read it even if ``exc`` won't load.
-
-    ``phase`` is ``"call"`` (the function raised), ``"load"`` (the CALL could not be
-    unpickled here) or ``"result"`` (the return value could not be pickled).
-    """
-    import traceback  # only on the error path: keeps the start fast
-
-    tb = exc.__traceback__
-    for _ in range(skip):  # drop the bootstrap's own frames
-        if tb is not None:
-            tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    exc_state = sys.modules.get(_EXC_STATE) or _load_by_path(
+def exc_state() -> ModuleType:
+    """``_exc_state`` (how a task's exception travels), loaded on the first error."""
+    return sys.modules.get(_EXC_STATE) or _load_by_path(
         _EXC_STATE, os.path.join(os.path.dirname(_HERE), "_exc_state.py")
-    )
-    kind = type(exc)
-    return pickle.dumps(
-        {
-            "phase": phase,
-            "type": f"{kind.__module__}.{kind.__qualname__}",
-            "message": exc_state.safe_str(exc),
-            "traceback": text,
-            # its pieces, so that the driver rebuilds it as its own type (``_exc_state``)
-            "exception": exc_state.describe(exc, dumps),
-        }
     )
 
 
@@ -288,56 +238,6 @@ def run_setup_hook(raw: str | None) -> dict[str, str] | None:
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         }
     return None
-
-
-def serve(sock: FdChannel, protocol: ModuleType) -> int:
-    """Answer CALL frames until the driver closes the channel (0), or until a task broke our
-    stdout/stderr (``STDIO_BROKEN``, its answer sent)."""
-    dumps = cloudpickle_dumps
-    loads = pickle.loads
-    send = protocol.send_frame
-    functions: dict[int, Any] = {}
-    while True:
-        if not stdio_intact():
-            return STDIO_BROKEN  # a CALL sent meanwhile stays unread: it runs elsewhere
-        frame = protocol.recv_frame(sock)
-        if frame is None:
-            return 0
-        kind, payload = frame
-        if kind != protocol.CALL:
-            raise protocol.ProtocolError(f"worker expected CALL, got kind {kind}")
-        try:
-            task_id, key, blob, args, kwargs = loads(payload)
-            function = functions.get(key)
-            if function is None:
-                function = functions[key] = loads(blob)
-                if len(functions) > _FUNCTION_CACHE_SIZE:
-                    del functions[next(iter(functions))]
-        except BaseException as exc:
-            send(sock, protocol.RAISE, failure("load", exc, dumps, 0))
-            continue
-        del payload, blob
-        try:
-            value = function(*args, **kwargs)
-        except BaseException as exc:
-            _flush()
-            send(sock, protocol.RAISE, failure("call", exc, dumps, 1))
-            continue
-        finally:
-            del args, kwargs
-        _flush()
-        try:
-            try:  # plain pickle is several times faster; cloudpickle for what it refuses
-                data = pickle.dumps((task_id, value), protocol=5)
-            except Exception:
-                data = dumps((task_id, value), protocol=5)
-        except BaseException as exc:
-            send(sock, protocol.RAISE, failure("result", exc, dumps, 0))
-            continue
-        finally:
-            del value
-        send(sock, protocol.RETURN, data)
-        del data
 
 
 def _flush() -> None:
@@ -372,13 +272,15 @@ def main(argv: list[str]) -> int:
         return 2
     watchdog(args.get("lifeline"), args.get("parent", 0))
     protocol = _load_by_path("_jupyter_runtimeenv_protocol", os.path.join(_HERE, "protocol.py"))
+    shm = _load_by_path("_jupyter_runtimeenv_shm", os.path.join(_HERE, "shm.py"))
+    loop = _load_by_path("_jupyter_runtimeenv_serve", os.path.join(_HERE, "_serve.py"))
     ensure_cloudpickle()
-    sock = FdChannel(args["fd"])
-    os.set_inheritable(args["fd"], False)  # a task's children must not hold our channel
-    return start(sock, protocol, added)
+    # Takes the channel (not inherited by a task's children; /dev/null in a fork's).
+    worker = loop.Worker(args["fd"], protocol, shm, exc_state, stdio_intact)
+    return start(worker, protocol, added)
 
 
-def start(sock: FdChannel, protocol: ModuleType, added: list[str]) -> int:
+def start(worker: Any, protocol: ModuleType, added: list[str]) -> int:
     """From the setup hook to the end: say HELLO, serve; the exit code."""
     global _stdio
     # Output goes to pipes: line buffering lets the driver show it as it comes.
@@ -399,7 +301,7 @@ def start(sock: FdChannel, protocol: ModuleType, added: list[str]) -> int:
     }
     if setup_error is not None:
         hello["setup_error"] = setup_error
-    protocol.send_frame(sock, protocol.HELLO, json.dumps(hello).encode())
+    worker.hello(hello)
     if setup_error is not None:
         return 4
     if os.environ.pop(WARM_VAR, None):
@@ -408,7 +310,7 @@ def start(sock: FdChannel, protocol: ModuleType, added: list[str]) -> int:
         except Exception:
             pass  # the first call that needs it reports the error, as in any worker
     try:
-        return serve(sock, protocol)
+        return STDIO_BROKEN if worker.serve() else 0
     except (protocol.ProtocolError, OSError) as exc:
         print(f"jupyter-runtimeenv worker: channel broken: {exc}", file=sys.stderr)
         return 3

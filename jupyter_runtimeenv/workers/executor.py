@@ -27,11 +27,11 @@ from typing import Any
 
 from ..context import EnvContext
 from ..spec import RuntimeEnvSpec, merge
+from .channel import driver_arena
 from .future import RemoteFuture, Task
 from .output import OutputTarget
-from .pool import Pool
-from .serialize import dump_call
-from .tracebacks import code_files
+from .pool import PIPELINE_DEPTH, Pool
+from .serialize import prepare_call
 
 
 class Executor(abc.ABC):
@@ -82,6 +82,8 @@ class LocalExecutor(Executor):
     looked up at the first submit); tests and embedders may pass their own.
     ``keep_spare`` keeps one started worker in reserve per pool (see ``Pool``): a burst
     after a quiet spell does not wait for a process start, at the cost of a process.
+    ``pipeline_depth`` (calls a worker holds at most; 1: no pipelining) and ``learn_imports``
+    (new workers import what earlier calls imported) go to every pool (see ``Pool``).
     """
 
     def __init__(
@@ -92,9 +94,13 @@ class LocalExecutor(Executor):
         acquire: AcquireFn | None = None,
         release: ReleaseFn | None = None,
         keep_spare: bool = False,
+        pipeline_depth: int = PIPELINE_DEPTH,
+        learn_imports: bool = True,
     ) -> None:
         self.max_workers = max_workers
         self.keep_spare = keep_spare
+        self.pipeline_depth = pipeline_depth
+        self.learn_imports = learn_imports
         self.idle_timeout = idle_timeout
         self._acquire = acquire
         self._release = release
@@ -122,9 +128,10 @@ class LocalExecutor(Executor):
         retries: int = 0,
     ) -> RemoteFuture[Any]:
         future: RemoteFuture[Any] = RemoteFuture(name)
-        task = Task(b"", future, OutputTarget.capture(name))
-        task.payload = dump_call(task.id, function, args, kwargs, name)  # may raise at once
-        task.sources = code_files(function)
+        # Pickled now (an unpicklable argument raises here); large buffers are copied into
+        # shared memory now, so changing an argument after .remote() changes nothing.
+        call = prepare_call(0, function, args, kwargs, name, driver_arena())
+        task = Task.of(call, future, OutputTarget.capture(name))
         try:
             while not self._pool_for(runtime_env).submit(task):
                 pass  # that pool began closing (idle, or superseded) just now: take the next
@@ -187,6 +194,8 @@ class LocalExecutor(Executor):
             close_when_idle=True,
             keep_spare=self.keep_spare,
             name=f"pool-{spec.env_id[:8]}",
+            pipeline_depth=self.pipeline_depth,
+            learn_imports=self.learn_imports,
         )
 
 

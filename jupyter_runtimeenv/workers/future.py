@@ -15,11 +15,11 @@ import contextlib
 import itertools
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .interrupt import interrupted
 from .output import OutputTarget
+from .serialize import Call, unpack_call
 
 T = TypeVar("T")
 
@@ -35,6 +35,7 @@ class RemoteFuture(Future[T]):
         super().__init__()
         self.name = name
         self._started = False
+        self._probe: Callable[[], bool] | None = None
         self._cancel_hook: Callable[[RemoteFuture[Any]], None] | None = None
 
     def __repr__(self) -> str:
@@ -42,7 +43,12 @@ class RemoteFuture(Future[T]):
         return f"<RemoteFuture {self.name} {state}>"
 
     def running(self) -> bool:
-        return self._started and not self.done()
+        """Whether its worker has started it (a call waiting in a worker's pipeline has
+        not: the worker's status word tells)."""
+        if not self._started or self.done():
+            return False
+        probe = self._probe
+        return probe is None or probe()
 
     def cancel(self) -> bool:
         """Cancel the task; if it is running, its worker is killed (the pool replaces it)."""
@@ -77,8 +83,10 @@ class RemoteFuture(Future[T]):
 
     # -- called by the pool and by the worker's reader thread ---------------------------
 
-    def mark_started(self, started: bool = True) -> None:
+    def mark_started(self, started: bool = True, probe: Callable[[], bool] | None = None) -> None:
+        """Handed to a worker (``probe``: whether that worker has started it), or not."""
         self._started = started
+        self._probe = probe
 
     def set_cancel_hook(self, hook: Callable[[RemoteFuture[Any]], None]) -> None:
         self._cancel_hook = hook
@@ -86,31 +94,80 @@ class RemoteFuture(Future[T]):
     def settle_result(self, value: Any) -> None:
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: the canceller won
             self.set_result(value)
-        self._cancel_hook = None  # it holds the task (and its payload): let them go
+        self._cancel_hook = self._probe = None  # they hold the task: let it go
 
     def settle_exception(self, error: BaseException) -> None:
         with contextlib.suppress(InvalidStateError):
             self.set_exception(error)
-        self._cancel_hook = None
+        self._cancel_hook = self._probe = None
 
 
-@dataclass(eq=False)
 class Task:
-    """One call waiting for, or running in, a worker. ``payload`` is the pickled CALL."""
+    """One call waiting for, or running in, a worker.
 
-    payload: bytes
-    future: RemoteFuture[Any]
-    output: OutputTarget
-    id: int = field(default_factory=lambda: next(_task_ids))
-    #: Code name -> filename of the submitted function (see ``tracebacks``).
-    sources: dict[str, str] = field(default_factory=dict)
-    #: Settle the future with ``(kind, payload)`` as received, unpickled by whoever asked
-    #: (a Dask node hands the bytes to the driver and never imports the task's packages).
-    raw: bool = False
-    #: Workers it was handed to. One that dies with the CALL unread puts the task back in
-    #: the queue (it never ran), at most ``MAX_DELIVERIES`` times in all.
-    deliveries: int = 0
+    Made by the local executor from a prepared ``Call`` (``Task.of``), or from a
+    self-contained ``payload`` (``serialize.dump_call``: a Dask node's task, tests), which is
+    unpacked into its ``call`` when first sent.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_call",
+        "_packed",
+        "deliveries",
+        "future",
+        "id",
+        "output",
+        "payload",
+        "raw",
+        "sources",
+    )
+
+    def __init__(
+        self,
+        payload: bytes,
+        future: RemoteFuture[Any],
+        output: OutputTarget,
+        *,
+        raw: bool = False,
+        sources: dict[str, str] | None = None,
+    ) -> None:
+        self.payload = payload
+        self.future = future
+        self.output = output
+        self.id = next(_task_ids)
+        #: Code name -> filename of the submitted function (see ``tracebacks``).
+        self.sources = sources if sources is not None else {}
+        #: Settle the future with ``(kind, payload)`` as received, unpickled by whoever asked
+        #: (a Dask node hands the bytes to the driver and never imports the task's packages).
+        self.raw = raw
+        #: Workers it was handed to. One that dies before starting it puts the task back in
+        #: the queue (it never ran), at most ``MAX_DELIVERIES`` times in all.
+        self.deliveries = 0
+        self._call: Call | None = None
+        self._packed: bytes | None = None
+
+    @classmethod
+    def of(cls, call: Call, future: RemoteFuture[Any], output: OutputTarget) -> Task:
+        """A task for a prepared call (``serialize.prepare_call``)."""
+        task = cls(b"", future, output, sources=call.sources)
+        call.task_id = task.id
+        task._call, task._packed = call, task.payload
+        if call.segment is not None:  # its shared memory goes back once nobody needs it
+            future.add_done_callback(lambda _f: call.finish())
+        return task
+
+    @property
+    def call(self) -> Call:
+        """The call to send (unpacked from ``payload`` if it was given that way)."""
+        if self._call is None or self._packed is not self.payload:
+            self._call = unpack_call(self.payload)
+            self._packed = self.payload
+        return self._call
 
     @property
     def name(self) -> str:
         return self.output.name
+
+    def __repr__(self) -> str:
+        return f"<Task {self.id} {self.name}>"

@@ -19,15 +19,33 @@ by the idle timeout if no task comes, and is never started once the pool is clos
 time, it also imports cloudpickle after its HELLO (``_entry.WARM_VAR``), which a function
 defined in a notebook (pickled by value) needs: the first call pays neither cost.
 
-A worker that dies fails its task with ``BrokenWorker``, unless it died with the task's
-CALL unread (see ``protocol``): that task never ran and goes back to the head of the queue
-(``MAX_DELIVERIES`` times at most). A pool that closes when idle and is left empty by a
-death becomes DRAINING at once, under the lock, so that a task submitted meanwhile goes to a
-new pool instead of being cancelled by the close. A cancelled task's worker is ``retired``
-before it is killed: if it finishes the task first, it still takes no other.
+Pipelining: a worker holds up to ``pipeline_depth`` calls (``WorkerProcess.held``): the one
+it runs and the next ones, already in its socket, so it never waits for the driver between
+two calls and the driver sends and reads them in batches. Only *short* calls are pipelined:
+the pool keeps, per function, a decaying maximum of the durations its workers report, and a
+call joins a worker's pipeline only if its function and the one the worker runs are under
+``SHORT_CALL`` (a first call, or a long one, runs alone: nothing waits behind it while
+another worker could take it). Nor does a call join a pipeline when the pool may still start
+a worker for it, or when its output goes elsewhere than the calls ahead of it (another cell:
+output read in one batch could not be told apart). ``PIPELINE_DEPTH`` was chosen by
+measurement (``benchmarks/bench_workers.py --depths``).
 
-Locking: one lock guards the queue, the worker set and each worker's ``task``; nothing that
-blocks (sending, spawning, settling futures, releasing) runs under it.
+A worker that dies fails the call it may have run (the one its status word names, see
+``protocol``) with ``BrokenWorker``; every other call it held never started there and goes
+back to the head of the queue, in order (``MAX_DELIVERIES`` times at most, counting only
+deaths no call of theirs could have caused). A pool that closes when idle and is left empty
+by a death becomes DRAINING at once, under the lock, so that a task submitted meanwhile goes
+to a new pool instead of being cancelled by the close. Cancelling a call a worker holds
+sends CANCEL (it skips the call) and kills the worker only if the call runs already; the
+worker is then ``retired``: it takes no other call.
+
+Learned imports: workers report the modules their calls imported from installed packages or
+the standard library (``_serve``); the pool keeps them in order (up to ``MAX_LEARNED``) and a
+new worker imports them after HELLO, before it takes a call (PRELOAD/READY). A pool's second
+worker then does not spend its first call importing scikit-learn while the first waits.
+
+Locking: one lock guards the queue, the worker set and each worker's ``held``/``outbox``;
+nothing that blocks (sending, spawning, settling futures, releasing) runs under it.
 """
 
 from __future__ import annotations
@@ -41,16 +59,25 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from enum import Enum
 
 from ..context import EnvContext
 from ..errors import BrokenWorker, WorkerError
 from ._entry import WARM_VAR
+from .channel import shared_arena
 from .future import MAX_DELIVERIES, Task
+from .output import OutputTarget
 from .process import WorkerProcess
 
 log = logging.getLogger(__name__)
+
+#: Calls a worker holds at most (the one it runs included); see the module docstring.
+PIPELINE_DEPTH = 8
+#: A function whose calls take less than this (seconds, decaying maximum) is pipelined.
+SHORT_CALL = 0.005
+#: Modules a pool learns at most (a new worker imports them before its first call).
+MAX_LEARNED = 5000
+_MAX_TIMED_FUNCTIONS = 1024
 
 
 class PoolState(Enum):
@@ -73,12 +100,20 @@ class Pool:
         close_when_idle: bool = False,
         keep_spare: bool = False,
         name: str = "pool",
+        pipeline_depth: int = PIPELINE_DEPTH,
+        learn_imports: bool = True,
     ) -> None:
         self.max_workers = max_workers or os.cpu_count() or 1
         self.idle_timeout = idle_timeout
         self.close_when_idle = close_when_idle
         self.keep_spare = keep_spare
         self.name = name
+        self.pipeline_depth = max(1, pipeline_depth)
+        self.learn_imports = learn_imports
+        #: Function key -> decaying maximum of its calls' durations (seconds).
+        self._durations: dict[bytes, float] = {}
+        #: Modules the workers imported, in order (a dict as an ordered set).
+        self._imports: dict[str, None] = {}
         self.ctx: EnvContext | None = None
         self.state = PoolState.ACQUIRING
         self._release = release
@@ -122,7 +157,7 @@ class Pool:
             workers = [
                 {
                     "pid": w.pid,
-                    "busy": w.task is not None,
+                    "busy": bool(w.held),
                     "tasks_done": counts.get(w.pid, (0, 0))[0],
                     "tasks_failed": counts.get(w.pid, (0, 0))[1],
                 }
@@ -141,6 +176,9 @@ class Pool:
 
     def submit(self, task: Task) -> bool:
         """Run ``task`` on an idle worker, or queue it (starting a worker if allowed)."""
+        if self.closed:
+            return False
+        task.call  # noqa: B018 - a payload that is no call fails here, not under the lock
         spawn = spare = None
         with self._lock:
             if self.closed:
@@ -151,10 +189,13 @@ class Pool:
                 self._assign(worker, task)
                 spare = self._reserve_spare()
             else:
-                self._queue.append(task)
-                spawn = self._reserve_worker()
+                worker = self._pipeline(task)
+                if worker is None:
+                    self._queue.append(task)
+                    spawn = self._reserve_worker()
         if worker is not None:
-            worker.send(task)
+            worker.flush()
+            _notify()
         elif spawn is not None:
             self._start(spawn)
         if spare is not None:
@@ -190,48 +231,96 @@ class Pool:
             self.state = PoolState.CLOSED
             queued, self._queue = list(self._queue), deque()
             workers = list(self._workers)
-            running = [w.task for w in workers if w.task is not None]
+            busy = [w for w in workers if w.held]
+            held = [t for w in busy for t in w.held]
+            for worker in busy:
+                worker.held.clear()
+                worker.outbox.clear()
             self._idle.clear()
         self._janitor_wake.set()
-        for task in queued + running:
-            task.future.cancel()  # a running one's hook kills its worker
+        for worker in busy:
+            worker.kill()  # what it runs is cancelled: it must not run on
+        for task in queued + held:
+            task.future.cancel()
         for worker in workers:
             worker.stop()
         for worker in workers:
             worker.join(timeout)
+        arena = shared_arena()
+        if arena is not None:
+            arena.trim()  # warm shared memory is for a busy pool, not a closed one
         self._release_env()
         _notify()
 
     # -- WorkerListener: called by the workers' reader threads ------------------------------
 
-    def worker_ready(self, worker: WorkerProcess) -> Task | None:
+    def worker_hello(self, worker: WorkerProcess) -> list[str]:
+        """The modules the new worker imports before it takes a call (learned imports)."""
         with self._lock:
-            task = self._next_for(worker)
-            spare = self._reserve_spare() if task is not None else None
+            return list(self._imports) if self.learn_imports else []
+
+    def worker_ready(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            self._refill(worker)
+            spare = self._reserve_spare() if worker.held else None
         if spare is not None:
             self._start_soon(spare)
-        return task
 
-    def task_finished(self, worker: WorkerProcess, task: Task) -> Task | None:
+    def tasks_answered(self, worker: WorkerProcess, durations: list[int | None]) -> list[Task]:
+        """The worker answered its oldest ``len(durations)`` calls (each RETURN's duration
+        in ns, ``None`` for RAISE/SKIP): take them off it and hand it the next ones."""
+        ok = 0
         with self._lock:
-            if worker.task is task:
-                worker.task = None
-            return self._next_for(worker)
+            held = worker.held
+            done = []
+            for duration in durations:
+                if not held:
+                    break
+                task = held.popleft()
+                done.append(task)
+                if duration is not None:
+                    ok += 1
+                    self._timed(task.call.key, duration / 1e9)
+            self._refill(worker)
+        self._count(worker.pid, ok, len(done) - ok)
+        return done
+
+    def imports_learned(self, worker: WorkerProcess, modules: list[str]) -> None:
+        if not self.learn_imports:
+            return
+        with self._lock:
+            for module in modules:
+                if len(self._imports) >= MAX_LEARNED:
+                    break
+                self._imports[module] = None
 
     def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None:
         failed: list[Task] = []
-        handoff: tuple[WorkerProcess, Task] | None = None
+        broken: list[Task] = []
+        handoff: list[WorkerProcess] = []
         with self._lock:
             self._workers.discard(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
-            task, worker.task = worker.task, None
-            if task is not None and worker.call_unread and self._redeliver(task):
-                task = None
-                if self._idle:  # an idle worker takes it now rather than a new one later
-                    idle, queued = self._idle.pop(), self._queue.popleft()
-                    self._assign(idle, queued)
-                    handoff = idle, queued
+            held, running = list(worker.held), worker.running()
+            worker.held.clear()
+            worker.outbox.clear()
+            # The call its status word names may have run: it fails. The others never
+            # started there: back to the head of the queue, in their order.
+            culprit = next((t for t in held if running and t.call.task_id == running), None)
+            for task in reversed(held):
+                if task is culprit:
+                    broken.append(task)
+                    continue
+                if culprit is not None:
+                    task.deliveries -= 1  # another call's death: not held against it
+                if not self._redeliver(task):
+                    broken.append(task)
+            broken.reverse()
+            while self._idle and self._queue:  # idle workers take them now
+                idle = self._idle.pop()
+                self._refill(idle)
+                handoff.append(idle)
             if not worker.ready and not any(w.ready for w in self._workers):
                 # It could not even start: the next one would not either. Fail the queue.
                 failed, self._queue = list(self._queue), deque()
@@ -241,12 +330,13 @@ class Pool:
                 # Decided now, under the lock: a task submitted before the close thread
                 # runs must go to a new pool, not be queued here and cancelled by close().
                 self.state = PoolState.DRAINING
-        if task is not None:
-            failed.insert(0, task)
+        self._count(worker.pid, 0, len(broken))
+        for each in broken:
+            each.future.settle_exception(_as_broken(error))
         for each in failed:
-            each.future.settle_exception(error if task is not each else _as_broken(error))
-        if handoff is not None:
-            handoff[0].send(handoff[1])
+            each.future.settle_exception(error)
+        for idle in handoff:
+            idle.flush()
         if spawn is not None:
             self._start(spawn)
         if close:
@@ -256,23 +346,90 @@ class Pool:
     # -- internals (``_lock`` held unless said otherwise) ---------------------------------
 
     def _assign(self, worker: WorkerProcess, task: Task) -> None:
-        worker.task = task
+        task_id = task.call.task_id
+        task.future.mark_started(True, lambda: worker.running() == task_id)
+        worker.held.append(task)
+        worker.outbox.append(task)
         task.deliveries += 1
-        task.future.mark_started()
-        pid = worker.pid
-        task.future.add_done_callback(lambda future: self._count(pid, future))
-        _notify()
 
-    def _count(self, pid: int, future: Future[object]) -> None:
-        """A task of worker ``pid`` ended (called by whoever settled it, or at once by
-        ``_assign`` if it was cancelled before: ``_lock`` may be held, so not taken)."""
-        failed = future.cancelled() or future.exception() is not None
-        with self._counts_lock:
-            self._counts.setdefault(pid, [0, 0])[1 if failed else 0] += 1
+    def _pipeline(self, task: Task) -> WorkerProcess | None:
+        """A busy worker that takes ``task`` into its pipeline now, if one should."""
+        if self.pipeline_depth < 2 or self._queue or not self._short(task):
+            return None
+        if len(self._workers) < self.max_workers or any(not w.ready for w in self._workers):
+            return None  # a worker should start for it (or is starting): the queue asks
+        best: WorkerProcess | None = None
+        for worker in self._workers:
+            held = worker.held
+            if (
+                held
+                and len(held) < self.pipeline_depth
+                and worker.ready
+                and not worker.retired
+                and (best is None or len(held) < len(best.held))
+                and self._short(held[0])
+                and _same_output(held[-1].output, task.output)
+            ):
+                best = worker
+        if best is not None:
+            self._assign(best, task)
+        return best
+
+    def _refill(self, worker: WorkerProcess) -> None:
+        """Give ``worker`` queued calls: one if it holds none, more while they are short and
+        print where the calls ahead print; idle (or stopped, when draining) if none."""
+        if worker not in self._workers or self.state is PoolState.CLOSED or worker.retired:
+            return
+        held, queue = worker.held, self._queue
+        while queue and len(held) < self.pipeline_depth:
+            task = queue[0]
+            if held and not (
+                self._short(task)
+                and self._short(held[0])
+                and _same_output(held[-1].output, task.output)
+            ):
+                break
+            queue.popleft()
+            self._assign(worker, task)
+        if held:
+            return
+        if self.state is PoolState.DRAINING:
+            self._workers.discard(worker)
+            worker.stop()
+            if self._finished():
+                self._close_soon()
+            return
+        worker.idle_since = time.monotonic()
+        self._idle.append(worker)
+        self._start_janitor()
+
+    def _short(self, task: Task) -> bool:
+        if task.raw:
+            return False
+        duration = self._durations.get(task.call.key)
+        return duration is not None and duration < SHORT_CALL
+
+    def _timed(self, key: bytes, seconds: float) -> None:
+        """A call of function ``key`` took ``seconds``: a long one counts at once, short
+        ones bring the mark down by a fifth each."""
+        old = self._durations.get(key)
+        self._durations[key] = seconds if old is None else max(seconds, old * 0.8)
+        if len(self._durations) > _MAX_TIMED_FUNCTIONS:
+            del self._durations[next(iter(self._durations))]
+
+    def _count(self, pid: int, done: int, failed: int) -> None:
+        """Calls of worker ``pid`` ended: ``done`` returned, ``failed`` raised, were
+        cancelled or broke with it (a RETURN whose value does not unpickle counts as done)."""
+        if done or failed:
+            with self._counts_lock:
+                counts = self._counts.setdefault(pid, [0, 0])
+                counts[0] += done
+                counts[1] += failed
         _notify()
 
     def _redeliver(self, task: Task) -> bool:
-        """Queue again, first, a task whose worker died before reading it (it never ran)."""
+        """Queue again, first, a call whose worker died before starting it (it never ran).
+        ``False``: it is done already, was handed out too often, or the pool is closed."""
         if task.future.done() or task.deliveries >= MAX_DELIVERIES:
             return False
         if self.state is PoolState.CLOSED:
@@ -280,24 +437,6 @@ class Pool:
         task.future.mark_started(False)
         self._queue.appendleft(task)
         return True
-
-    def _next_for(self, worker: WorkerProcess) -> Task | None:
-        if worker not in self._workers or self.state is PoolState.CLOSED or worker.retired:
-            return None
-        if self._queue:
-            task = self._queue.popleft()
-            self._assign(worker, task)
-            return task
-        if self.state is PoolState.DRAINING:
-            self._workers.discard(worker)
-            worker.stop()
-            if self._finished():
-                self._close_soon()
-            return None
-        worker.idle_since = time.monotonic()
-        self._idle.append(worker)
-        self._start_janitor()
-        return None
 
     def _reserve_worker(self) -> WorkerProcess | None:
         if self.ctx is None or self.state is PoolState.CLOSED:
@@ -333,7 +472,7 @@ class Pool:
 
     def _empty(self, busy_only: bool = False) -> bool:
         if busy_only:
-            return not any(w.task is not None for w in self._workers)
+            return not any(w.held for w in self._workers)
         return not self._workers and not self._queue and self.state is PoolState.READY
 
     def _close_soon(self) -> None:
@@ -361,14 +500,25 @@ class Pool:
         with self._lock:
             try:
                 self._queue.remove(task)
+                return
             except ValueError:
-                victim = next((w for w in self._workers if w.task is task), None)
-                if victim is not None:
-                    # It may finish this task before the kill lands: it must not be given
-                    # the next one, which the kill would break.
-                    victim.retired = True
-        if victim is not None:
-            victim.kill()  # its reader thread reports the death; the pool replaces it
+                pass
+            victim = next((w for w in self._workers if task in w.held), None)
+            if victim is None:
+                return
+            try:
+                victim.outbox.remove(task)  # not sent yet: it simply never goes
+            except ValueError:
+                pass  # sent: the worker must skip it, or die if it runs it already
+            else:
+                victim.held.remove(task)
+                if not victim.held:
+                    self._refill(victim)
+                self._count(victim.pid, 0, 1)
+                return
+        if victim.cancel(task):
+            with self._lock:
+                victim.retired = True  # it may finish first: it must take no other call
 
     def _acquire(self, acquire: Callable[[], EnvContext]) -> None:
         """Background thread: get the environment, then start workers for the queue."""
@@ -442,6 +592,21 @@ class Pool:
                 worker.stop()  # it exits; worker_died removes it and may close the pool
             self._janitor_wake.wait(max(0.01, oldest + self.idle_timeout - time.monotonic()))
             self._janitor_wake.clear()
+
+
+def _same_output(a: OutputTarget, b: OutputTarget) -> bool:
+    """Whether two calls' output goes to the same place (same cell, streams and name): only
+    then may they share a worker's pipeline (their output is read in one batch)."""
+    if a is b:
+        return True
+    if type(a) is not OutputTarget or type(b) is not OutputTarget:
+        return False  # a subclass (a Dask node's events) tells tasks apart: never mixed
+    return (
+        a.name == b.name
+        and a.stdout is b.stdout
+        and a.stderr is b.stderr
+        and a.context == b.context  # the same variables: O(1) for copies of one context
+    )
 
 
 def _as_broken(error: WorkerError) -> WorkerError:

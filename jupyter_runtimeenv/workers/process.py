@@ -2,11 +2,18 @@
 
 Created and owned by ``Pool``. ``start()`` launches ``compose(ctx, [_entry.py, "--fd", N])``
 with one end of a socketpair as fd ``N`` and stdout/stderr on pipes, then one reader thread
-per worker multiplexes the three: output is fed to ``StreamForwarder``s, frames become
-outcomes. Before handling a RETURN/RAISE the thread drains the output pipes, so every line
-the task printed (the worker flushes before replying) is shown before its result and is
-attributed to it. The thread reports to its ``WorkerListener`` (the pool): ready, task
-finished (which hands back the next task), died.
+per worker multiplexes the three: output is fed to ``StreamForwarder``s, frames (read and
+decoded by the worker's ``Channel``) become outcomes. Before handling answers the thread
+drains the output pipes, so every line a task printed (the worker flushes before answering)
+is shown before its result; the pool pipelines only calls whose output goes to the same place
+(see ``Pool``), so it is attributed to the right cell. The thread reports to its
+``WorkerListener`` (the pool): hello (which may ask for a preload), ready, calls answered
+(which refills the worker's pipeline), imports learned, died.
+
+A worker holds up to the pool's pipeline depth of calls (``held``, oldest first; the first
+one runs). The pool appends to ``held`` and ``outbox`` under its lock; ``flush`` sends what
+is in ``outbox`` in order, under the worker's send lock, so calls reach the worker in the
+order of ``held`` whichever thread flushes.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections import deque
 from typing import Any, Protocol
 
 import cloudpickle
@@ -28,9 +36,11 @@ from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
 from . import lifeline, protocol
 from ._entry import ORPHANED, STDIO_BROKEN
+from ._serve import PRELOAD_SECONDS
+from .channel import Channel, prepare_socket
 from .future import Task
 from .output import OutputTarget, StreamForwarder
-from .serialize import load_outcome
+from .serialize import split_return
 
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entry.py")
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
@@ -42,19 +52,26 @@ _TAIL_BYTES = 4096
 _EXIT_GRACE = 2.0
 
 
+_ANSWERS = frozenset((protocol.RETURN, protocol.RAISE, protocol.SKIP))
+
+
 class WorkerListener(Protocol):
-    """What a worker's reader thread tells its owner (the pool). Called without locks held."""
+    """What a worker's reader thread tells its owner (the pool). Called without locks held;
+    after ``worker_ready`` and ``tasks_answered`` the thread flushes the worker's outbox."""
 
-    def worker_ready(self, worker: WorkerProcess) -> Task | None: ...
+    def worker_hello(self, worker: WorkerProcess) -> list[str]: ...
 
-    def task_finished(self, worker: WorkerProcess, task: Task) -> Task | None: ...
+    def worker_ready(self, worker: WorkerProcess) -> None: ...
+
+    def tasks_answered(self, worker: WorkerProcess, durations: list[int | None]) -> list[Task]: ...
+
+    def imports_learned(self, worker: WorkerProcess, modules: list[str]) -> None: ...
 
     def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None: ...
 
 
 class WorkerProcess:
-    """One worker. ``task`` (the running task) and ``retired`` are written under the pool's
-    lock."""
+    """One worker. ``held``, ``outbox`` and ``retired`` are written under the pool's lock."""
 
     def __init__(
         self, ctx: EnvContext, listener: WorkerListener, *, startup_timeout: float = 60.0
@@ -62,16 +79,17 @@ class WorkerProcess:
         self.ctx = ctx
         self.listener = listener
         self.startup_timeout = startup_timeout
-        self.task: Task | None = None
+        #: The calls handed to it and not answered yet, oldest (the running one) first.
+        self.held: deque[Task] = deque()
+        #: Calls of ``held`` not sent yet, in order (``flush`` sends them).
+        self.outbox: deque[Task] = deque()
         self.pid = 0
         self.idle_since = 0.0
         self.ready = False
-        #: Being killed (its task was cancelled): it takes no other task. Pool's lock.
+        #: Being killed (a call it ran was cancelled): it takes no other call. Pool's lock.
         self.retired = False
-        #: It died before reading all of its task's CALL (see ``protocol``): the task
-        #: never ran and may run elsewhere. Set by the reader thread before it reports.
-        self.call_unread = False
         self.proc: subprocess.Popen[bytes] | None = None
+        self.channel: Channel | None = None
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._stopping = False
@@ -85,7 +103,13 @@ class WorkerProcess:
         self._reap_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<WorkerProcess pid={self.pid} ready={self.ready}>"
+        return f"<WorkerProcess pid={self.pid} ready={self.ready} held={len(self.held)}>"
+
+    @property
+    def task(self) -> Task | None:
+        """The call it runs (or is about to): the oldest it holds."""
+        held = self.held
+        return held[0] if held else None
 
     # -- lifecycle, called by the pool -----------------------------------------------------
 
@@ -107,6 +131,7 @@ class WorkerProcess:
         env = process_env(self.ctx)
         env[CLOUDPICKLE_VAR] = _CLOUDPICKLE_DIR
         ours, theirs = socket.socketpair()
+        prepare_socket(ours)
         life = lifeline.lifeline_fd()
         args = ["--fd", str(theirs.fileno()), "--lifeline", str(life), "--parent", str(os.getpid())]
         argv = compose(self.ctx, [ENTRY, *args])
@@ -133,17 +158,55 @@ class WorkerProcess:
         self.pid = self.proc.pid
         self._exit_fd = lifeline.exit_fd(self.pid)
         self._sock = ours
+        self.channel = Channel(ours, self.pid)
         self._thread = threading.Thread(
             target=self._run, name=f"jupyter-runtimeenv-worker-{self.pid}", daemon=True
         )
 
-    def send(self, task: Task) -> None:
-        """Send ``task``'s CALL. A failure means the worker is dying: the reader reports it."""
+    def flush(self) -> None:
+        """Send the calls waiting in ``outbox``, in order. A failure means the worker is
+        dying: its reader thread reports it."""
+        if not self.outbox and (self.channel is None or not self.channel.results.freed):
+            return
         with self._send_lock:
-            if self._sock is None or self._stopping:
-                return
-            with contextlib.suppress(OSError):
-                protocol.send_frame(self._sock, protocol.CALL, task.payload)
+            tasks = []
+            while self.outbox:
+                try:
+                    tasks.append(self.outbox.popleft())
+                except IndexError:  # a cancel took the last one meanwhile
+                    break
+            self._send(lambda channel: channel.encode(tasks))
+
+    def cancel(self, task: Task) -> bool:
+        """Tell the worker to skip ``task`` (sent, not answered); kill the worker if its
+        status word says it runs it already (``True``). The CANCEL is written before the
+        word is read, so a worker that had not started the call skips it (``protocol``)."""
+        with self._send_lock:
+            self._send(lambda channel: [channel.cancel([task.call.task_id])])
+        channel = self.channel
+        if channel is not None and channel.running() == task.call.task_id:
+            self.kill()
+            return True
+        return False
+
+    def preload(self, modules: list[str]) -> None:
+        with self._send_lock:
+            self._send(lambda channel: [channel.preload(modules)])
+
+    def _send(self, packets: Any) -> None:
+        """Under ``_send_lock``: write what ``packets(channel)`` makes."""
+        channel = self.channel
+        if self._sock is None or self._stopping or channel is None:
+            return
+        try:
+            for buffers, fds in packets(channel):
+                protocol.send(self._sock, buffers, fds)
+        except OSError:
+            pass  # dying: the reader thread reports it
+
+    def running(self) -> int:
+        """The id of the call the worker has started and not answered (its status word)."""
+        return self.channel.running() if self.channel is not None else 0
 
     def stop(self) -> None:
         """Ask the worker to exit: it sees EOF on the channel and returns."""
@@ -176,8 +239,10 @@ class WorkerProcess:
     # -- the reader thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        proc, sock = self.proc, self._sock
+        proc, sock, channel = self.proc, self._sock, self.channel
         if proc is None or proc.stdout is None or proc.stderr is None or sock is None:
+            return
+        if channel is None:
             return
         forwarders = {
             proc.stdout.fileno(): StreamForwarder(1, self.pid),
@@ -192,10 +257,10 @@ class WorkerProcess:
             selector.register(self._exit_fd, selectors.EVENT_READ)
         last: OutputTarget | None = None
         error: WorkerError | None = None
-        deadline = time.monotonic() + self.startup_timeout
+        self._deadline = time.monotonic() + self.startup_timeout
         try:
             while True:
-                timeout = None if self.ready else max(0.0, deadline - time.monotonic())
+                timeout = None if self.ready else max(0.0, self._deadline - time.monotonic())
                 if self._exited_at is not None:  # what it sent before it died, then done
                     grace = self._exited_at + _EXIT_GRACE - time.monotonic()
                     timeout = max(0.0, grace if timeout is None else min(timeout, grace))
@@ -214,9 +279,10 @@ class WorkerProcess:
                     error = None if self._stopping else self._died()
                     break
                 if not events and not self.ready:
-                    if time.monotonic() < deadline:
+                    if time.monotonic() < self._deadline:
                         continue
-                    error = self._startup_error("did not say HELLO in time")
+                    what = "import the pool's modules" if self._hello_seen else "say HELLO"
+                    error = self._startup_error(f"did not {what} in time")
                     break
                 if not events:
                     continue
@@ -238,21 +304,24 @@ class WorkerProcess:
                 if sock not in readable:
                     continue
                 try:
-                    frame = protocol.recv_frame(sock)
-                except ConnectionResetError:  # it died with our CALL (partly) unread
-                    self.call_unread, frame = True, None
+                    alive = channel.reader.pump()
+                except ConnectionResetError:  # it died with bytes of ours unread
+                    alive = False
                 except OSError:
                     if self._exited_at is None:
                         raise
-                    frame = None  # it died inside a frame; a survivor holds the socket
-                if frame is None:
+                    alive = False  # it died inside a frame; a survivor holds the socket
+                if not alive:
                     error = None if self._stopping else self._died()
                     break
-                if not self.ready:
-                    self._hello(*frame)
-                    self._dispatch(self.listener.worker_ready(self))
-                    continue
-                last = self._outcome(*frame, forwarders)
+                answers: list[tuple[int, bytes | bytearray]] = []
+                for kind, payload in channel.reader.frames():
+                    if kind in _ANSWERS:
+                        answers.append((kind, payload))
+                    else:
+                        self._notice(kind, payload)
+                if answers:
+                    last = self._answered(answers, forwarders)
         except (protocol.ProtocolError, OSError, ValueError) as exc:
             self.kill()
             error = BrokenWorker(f"worker pid {self.pid} broke the protocol: {exc}")
@@ -265,9 +334,45 @@ class WorkerProcess:
             selector.close()
         self._finish(forwarders, error, last)
 
-    def _hello(self, kind: int, payload: bytearray) -> None:
-        if kind != protocol.HELLO:
-            raise protocol.ProtocolError(f"expected HELLO, got kind {kind}")
+    _hello_seen = False
+    _preloading = False
+    _deadline = 0.0
+
+    def _notice(self, kind: int, payload: bytes | bytearray) -> None:
+        """A frame that answers no call."""
+        channel = self.channel
+        assert channel is not None
+        if kind == protocol.HELLO and not self._hello_seen:
+            self._hello_seen = True
+            self._hello(payload)
+            channel.map_status()
+            modules = self.listener.worker_hello(self)
+            if modules:  # it imports them, then says READY
+                self._preloading = True
+                self._deadline = time.monotonic() + PRELOAD_SECONDS + self.startup_timeout
+                self.preload(modules)
+            else:
+                self._become_ready()
+        elif kind == protocol.READY and self._preloading:
+            self._preloading = False
+            self._become_ready()
+        elif kind == protocol.FREE:
+            channel.freed(payload)
+        elif kind == protocol.DROP:
+            channel.dropped(payload)
+        elif kind == protocol.IMPORTS and self.ready:
+            modules = json.loads(payload)
+            if isinstance(modules, list):
+                self.listener.imports_learned(self, [m for m in modules if isinstance(m, str)])
+        else:
+            raise protocol.ProtocolError(f"unexpected frame kind {kind}")
+
+    def _become_ready(self) -> None:
+        self.ready = True
+        self.listener.worker_ready(self)
+        self.flush()
+
+    def _hello(self, payload: bytes | bytearray) -> None:
         hello: dict[str, Any] = json.loads(payload)
         if hello.get("version") != protocol.PROTOCOL_VERSION:
             self.kill()
@@ -275,6 +380,9 @@ class WorkerProcess:
                 f"worker pid {self.pid} speaks protocol {hello.get('version')}, "
                 f"the driver {protocol.PROTOCOL_VERSION}: mixed jupyter-runtimeenv versions"
             )
+        writer = self.channel.reader.peer if self.channel is not None else None
+        if hello.get("pid") != writer:  # the credentials of the bytes say who wrote them
+            raise protocol.ProtocolError(f"HELLO says pid {hello.get('pid')}, written by {writer}")
         failed = hello.get("setup_error")
         if failed:
             self.kill()
@@ -284,39 +392,43 @@ class WorkerProcess:
                 hook=str(failed["hook"]),
                 traceback=str(failed["traceback"]),
             )
-        self.ready = True
 
-    def _outcome(
-        self, kind: int, payload: bytearray, forwarders: dict[int, StreamForwarder]
+    def _answered(
+        self, answers: list[tuple[int, bytes | bytearray]], forwarders: dict[int, StreamForwarder]
     ) -> OutputTarget:
-        task = self.task
-        if task is None:
-            raise protocol.ProtocolError(f"frame kind {kind} while no task runs")
-        value: Any
-        try:
-            if task.raw:
-                value, failed = (kind, bytes(payload)), False
-            else:
-                value = load_outcome(kind, payload, task.id, task.name, task.sources)
-                failed = False
-        except protocol.ProtocolError:
-            raise
-        except Exception as exc:
-            value, failed = exc, True
-        del payload
+        """Answers of the oldest calls held, in order: hand the worker its next calls, then
+        settle the futures."""
+        if not self.ready:
+            raise protocol.ProtocolError("an answer before the worker was ready")
+        durations = [split_return(p)[1] if k == protocol.RETURN else None for k, p in answers]
+        tasks = self.listener.tasks_answered(self, durations)
+        if len(tasks) < len(answers):
+            _break(tasks, f"worker pid {self.pid} answered calls it was not given")
+            raise protocol.ProtocolError(f"{len(answers)} answers for {len(tasks)} calls")
+        self.flush()  # the worker's next calls go out before the waiters wake: keeps it busy
         for forwarder in forwarders.values():
-            forwarder.flush(task.output)
-        # Hand the worker its next task before waking the waiter: keeps it busy.
-        self._dispatch(self.listener.task_finished(self, task))
-        if failed:
-            task.future.settle_exception(value)
-        else:
-            task.future.settle_result(value)
-        return task.output
-
-    def _dispatch(self, task: Task | None) -> None:
-        if task is not None:
-            self.send(task)
+            forwarder.flush(tasks[-1].output)
+        channel = self.channel
+        assert channel is not None
+        for index, (task, (kind, payload)) in enumerate(zip(tasks, answers, strict=True)):
+            value: Any
+            try:
+                if kind == protocol.SKIP:
+                    if protocol.ID.unpack(payload)[0] != task.call.task_id:
+                        raise protocol.ProtocolError(f"SKIP of a call other than {task.id}")
+                    continue  # its future was cancelled: nothing to settle
+                value, failed = channel.outcome(task, kind, payload), False
+            except protocol.ProtocolError as exc:
+                _break(tasks[index:], f"worker pid {self.pid} broke the protocol: {exc}")
+                raise
+            except Exception as exc:
+                value, failed = exc, True
+            del payload
+            if failed:
+                task.future.settle_exception(value)
+            else:
+                task.future.settle_result(value)
+        return tasks[-1].output
 
     def _drain(
         self,
@@ -428,6 +540,8 @@ class WorkerProcess:
         self.listener.worker_died(
             self, error or WorkerError(f"worker pid {self.pid} stopped ({self._status()})")
         )
+        if self.channel is not None:  # after the pool read the status word
+            self.channel.close()
 
     def _status(self) -> str:
         return _describe_exit(None if self.proc is None else self.proc.returncode)
@@ -444,6 +558,11 @@ def _partial_due(forwarders: dict[int, StreamForwarder]) -> float | None:
     """The earliest time a forwarder's pending partial line is to be written."""
     dues = [due for f in forwarders.values() if (due := f.due()) is not None]
     return min(dues, default=None)
+
+
+def _break(tasks: list[Task], message: str) -> None:
+    for task in tasks:
+        task.future.settle_exception(BrokenWorker(message))
 
 
 def _describe_exit(code: int | None) -> str:

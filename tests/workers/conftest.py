@@ -97,7 +97,7 @@ def make_pool(ctx: EnvContext) -> Iterator[Callable[..., Pool]]:
 
 def submit(pool: Pool, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Submit straight to a pool (what ``LocalExecutor.submit`` does)."""
-    name = function.__name__
+    name = getattr(function, "__name__", type(function).__name__)
     future: RemoteFuture[Any] = RemoteFuture(name)
     task = Task(b"", future, OutputTarget.capture(name))
     task.payload = dump_call(task.id, function, args, kwargs, name)

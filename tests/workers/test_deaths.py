@@ -166,7 +166,7 @@ def test_a_worker_killed_before_reading_its_task_does_not_fail_it(
     idle = submit(pool, pid).result(30)
     os.kill(idle, signal.SIGSTOP)  # the CALL will sit unread
     future = submit(pool, pid)
-    _wait_until(future.running)
+    assert _holder_of(pool, future) == idle
     os.kill(idle, signal.SIGKILL)
     assert future.result(30) not in (idle, os.getpid())
     wait_gone([idle])

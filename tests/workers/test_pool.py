@@ -54,7 +54,9 @@ def test_runs_in_a_separate_process_with_the_context_env(make_pool: MakePool) ->
 
 
 def test_idle_workers_are_reused_up_to_the_maximum(make_pool: MakePool) -> None:
-    pool = make_pool(max_workers=2)
+    # Without learned imports: a second worker importing what the first learned (pytest,
+    # psutil: this module's imports) may not be ready before the first is free again.
+    pool = make_pool(max_workers=2, learn_imports=False)
     first = submit(pool, pid).result(30)
     assert {submit(pool, pid).result(30) for _ in range(5)} == {first}
     # Two slow tasks at once need two workers; a third waits for one of them.

@@ -1,4 +1,5 @@
-"""The framing, the bootstrap's sys.path rule and the driver's sys.path resolution."""
+"""The framing (batches, descriptors, who may write), the bootstrap's sys.path rule and the
+driver's sys.path resolution."""
 
 from __future__ import annotations
 
@@ -16,32 +17,89 @@ from jupyter_runtimeenv.workers._entry import apply_sys_path
 from jupyter_runtimeenv.workers.executor import resolve_driver_sys_path
 
 
-def test_frames_round_trip_small_and_large() -> None:
+def _read_all(reader: protocol.Reader) -> list[tuple[int, bytes | bytearray]]:
+    frames = []
+    while reader.pump():
+        frames += reader.frames()
+    return frames + reader.frames()
+
+
+def test_frames_round_trip_small_large_and_batched() -> None:
     left, right = socket.socketpair()
     big = os.urandom(3 << 20)
+    batch = [b for i in range(50) for b in protocol.frame(protocol.SKIP, protocol.ID.pack(i))]
     sender = threading.Thread(
         target=lambda: [
             protocol.send_frame(left, protocol.CALL, b"small"),
             protocol.send_frame(left, protocol.RETURN, big),
             protocol.send_frame(left, protocol.RAISE, b""),
+            protocol.send(left, batch),  # fifty frames in one write, read in one go
             left.close(),
         ]
     )
     sender.start()
-    assert protocol.recv_frame(right) == (protocol.CALL, bytearray(b"small"))
-    assert protocol.recv_frame(right) == (protocol.RETURN, bytearray(big))
-    assert protocol.recv_frame(right) == (protocol.RAISE, bytearray())
-    assert protocol.recv_frame(right) is None  # a clean EOF between frames
+    frames = _read_all(protocol.Reader(right))  # ends at a clean EOF between frames
     sender.join()
     right.close()
+    assert frames[:3] == [
+        (protocol.CALL, b"small"),
+        (protocol.RETURN, bytearray(big)),
+        (protocol.RAISE, b""),
+    ]
+    assert frames[3:] == [(protocol.SKIP, protocol.ID.pack(i)) for i in range(50)]
+
+
+def test_descriptors_come_with_their_frames() -> None:
+    left, right = socket.socketpair()
+    read_end, write_end = os.pipe()
+    try:
+        protocol.send(left, protocol.frame(protocol.HELLO, b"{}"), [write_end])
+        reader = protocol.Reader(right)
+        assert reader.pump()
+        assert reader.frames() == [(protocol.HELLO, b"{}")]
+        fd = reader.take_fd()
+        os.write(fd, b"through the passed descriptor")
+        os.close(fd)
+        assert os.read(read_end, 100) == b"through the passed descriptor"
+        with pytest.raises(protocol.ProtocolError, match="did not come"):
+            reader.take_fd()
+    finally:
+        for fd in (read_end, write_end):
+            os.close(fd)
+        left.close()
+        right.close()
+
+
+def test_only_the_peer_may_write() -> None:
+    """Bytes a forked child writes on an inherited socket are dropped, descriptors closed."""
+    left, right = socket.socketpair()
+    right.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    reader = protocol.Reader(right, admit=lambda pid: pid == os.getpid())
+    protocol.send(left, protocol.frame(protocol.SKIP, protocol.ID.pack(1)))
+    child = os.fork()
+    if child == 0:  # a forged answer, and a descriptor with it
+        try:
+            protocol.send(left, protocol.frame(protocol.SKIP, protocol.ID.pack(666)), [1])
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    protocol.send(left, protocol.frame(protocol.SKIP, protocol.ID.pack(2)))
+    left.close()
+    frames = _read_all(reader)
+    right.close()
+    assert frames == [(protocol.SKIP, protocol.ID.pack(1)), (protocol.SKIP, protocol.ID.pack(2))]
+    assert reader.peer == os.getpid()
+    assert reader.foreign == protocol.HEADER.size + protocol.ID.size
+    assert not reader.fds
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b"\x09" + (1).to_bytes(8, "big") + b"x", "unknown frame kind 9"),
+        (b"\x63" + (1).to_bytes(8, "big") + b"x", "unknown frame kind 99"),
         (bytes([protocol.CALL]) + (1 << 41).to_bytes(8, "big"), "over the limit"),
         (bytes([protocol.CALL]) + (10).to_bytes(8, "big") + b"abc", "inside a frame"),
+        (bytes([protocol.CALL]) + (1 << 20).to_bytes(8, "big") + b"abc", "inside a frame"),
         (bytes([protocol.CALL, 0, 0]), "inside a frame"),
     ],
 )
@@ -50,7 +108,7 @@ def test_framing_errors(data: bytes, message: str) -> None:
     left.sendall(data)
     left.close()
     with pytest.raises(protocol.ProtocolError, match=message):
-        protocol.recv_frame(right)
+        _read_all(protocol.Reader(right))
     right.close()
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable
-from types import SimpleNamespace
+from pathlib import Path
 
 from conftest import submit
 
 from jupyter_runtimeenv.context import EnvContext
-from jupyter_runtimeenv.workers.future import RemoteFuture, Task
-from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool, observe
 from jupyter_runtimeenv.workers.report import rss_of, snapshot
 
@@ -50,24 +49,37 @@ def test_stats_count_each_workers_tasks_and_observers_hear_of_changes(
     assert mine[0]["workers"][0]["rss"] > 1_000_000  # psutil here; /proc without it
 
 
-def test_a_task_cancelled_before_it_is_assigned_is_counted_without_deadlock(
-    make_pool: Callable[..., Pool],
+def test_cancelled_calls_count_as_failed_on_the_worker_that_held_them(
+    make_pool: Callable[..., Pool], tmp_path: Path
 ) -> None:
-    # Its done-callback runs at once, inside _assign, where the pool's lock is held.
-    pool = make_pool()
-    task = Task(b"", RemoteFuture("t"), OutputTarget.capture("t"))
-    task.future.cancel()
-    worker = SimpleNamespace(pid=4242, task=None)
+    """A call cancelled while it runs (its worker is killed) and one cancelled while it
+    waited in that worker's pipeline both count as failed for that worker."""
+    pool = make_pool(max_workers=1)
+    trigger, started = tmp_path / "trigger", tmp_path / "started"
+    for _ in range(3):  # short calls: the pool pipelines this function from now on
+        worker_pid = submit(pool, nap_if, str(trigger), str(started)).result(timeout=60)
+    trigger.write_text("sleep now")
+    running = submit(pool, nap_if, str(trigger), str(started))
+    waiting = submit(pool, nap_if, str(tmp_path / "never"), str(started))  # pipelined:
+    assert [t.future for t in next(iter(pool._workers)).held] == [running, waiting]
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert waiting.cancel()
+    assert running.cancel()
+    deadline = time.monotonic() + 60
+    while pool._counts.get(worker_pid, [0, 0])[1] < 2:
+        assert time.monotonic() < deadline, pool._counts
+        time.sleep(0.01)
+    assert pool._counts[worker_pid] == [3, 2]
 
-    def assign() -> None:
-        with pool._lock:
-            pool._assign(worker, task)  # type: ignore[arg-type]
 
-    thread = threading.Thread(target=assign, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive(), "deadlock: _assign waited for its own lock"
-    assert pool._counts == {4242: [0, 1]}
+def nap_if(trigger: str, started: str) -> int:
+    if os.path.exists(trigger):
+        Path(started).write_text("yes")
+        time.sleep(60)
+    return os.getpid()
 
 
 def test_rss_of_a_live_and_a_gone_process() -> None:

@@ -1,0 +1,59 @@
+"""A pool's workers learn its imports (issue 19 item 5): a new worker imports what earlier
+calls imported from installed packages and the standard library before it takes a call,
+and never the user's own modules."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import submit
+
+from jupyter_runtimeenv.workers.pool import Pool
+
+MakePool = Callable[..., Pool]
+STDLIB = "xml.dom.minidom"  # not imported by the bootstrap
+
+
+def import_modules(names: list[str], path: str) -> int:
+    sys.path.insert(0, path)
+    for name in names:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+def hold(trigger: str) -> int:
+    while os.path.exists(trigger):
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def imported(names: list[str]) -> tuple[int, list[bool]]:
+    return os.getpid(), [name in sys.modules for name in names]
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learning", "not-learning"])
+def test_a_new_worker_imports_what_the_pool_learned(
+    make_pool: MakePool, tmp_path: Path, learn: bool
+) -> None:
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "users_own_module.py").write_text("VALUE = 1\n")
+    pool = make_pool(max_workers=2, learn_imports=learn)
+    names = [STDLIB, "users_own_module"]
+    first = submit(pool, import_modules, names, str(user)).result(60)
+    assert (STDLIB in pool._imports) is learn
+    assert "users_own_module" not in pool._imports
+    trigger = tmp_path / "trigger"
+    trigger.write_text("hold")
+    busy = submit(pool, hold, str(trigger))  # the first worker is busy: a second one starts
+    second, found = submit(pool, imported, names).result(60)
+    trigger.unlink()
+    assert busy.result(60) == first
+    assert second != first
+    assert found == [learn, False]
