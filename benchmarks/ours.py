@@ -24,6 +24,7 @@ from typing import Any
 
 import _common
 import bench_server_loop
+import bench_w10
 import cloudpickle
 from _common import (
     FOUR,
@@ -362,7 +363,14 @@ class Ours:
         self.results["M1 agent idle"] = stats([x - base for x in rss["idle"]], "MB")
         self.results["M1 agent after W3"] = stats([x - base for x in rss["built"]], "MB")
 
+    def w10(self) -> None:
+        progress("ours W10")
+        data = bench_w10.run(self.tmp, self.wh, self.reps["w10"])
+        for label in ("numpy", "pandas"):
+            self.results[f"W10 {label}"] = stats(data[label])
+            self.floors[f"W10 {label}"] = stats(data[f"{label} floor"])
+
     def run(self) -> None:
-        for step in (self.w1, self.w4, self.w5, self.w6_w8, self.s1_m1):
+        for step in (self.w1, self.w4, self.w5, self.w6_w8, self.w10, self.s1_m1):
             step()
         shutil.rmtree(self.tmp / "cp", ignore_errors=True)

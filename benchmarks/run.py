@@ -41,15 +41,15 @@ BUDGET = 14.5 * 60
 PEERS = {"ray": ["ray[default]"], "dask": ["distributed"]}
 REPS = {
     "full": {"pip": 3, "numpy": 2, "rtt": 200, "start": 5, "w3": 2, "burst": 3, "wd": 5,
-             "w8": 3, "s1": 2},
+             "w8": 3, "s1": 2, "w10": 7},
     "quick": {"pip": 1, "numpy": 1, "rtt": 50, "start": 3, "w3": 1, "burst": 1, "wd": 2,
-              "w8": 1, "s1": 1},
+              "w8": 1, "s1": 1, "w10": 3},
 }  # fmt: skip
 #: The peers' pip-heavy workloads take 10-30 s a run (Ray's W8 a minute: it retries the
 #: install): fewer runs keep the whole within 15 minutes on 2 cores.
 PEER_CAPS = {"pip": 1, "numpy": 1, "w3": 1, "wd": 3, "start": 2, "w8": 1}
 #: Variants of a workload that only this project has (its early start, the fork prototype).
-OURS_ONLY = {"W2b cold", "W6 cold", "W6 at once", "W6 fork"}
+OURS_ONLY = {"W2b cold", "W6 cold", "W6 at once", "W6 fork", "W10 numpy", "W10 pandas"}
 TARGETS_5X = {"W1 cold", "W1 warm", "W2b", "W3", "W5 first", "W5 unchanged", "W5 one byte", "W8"}
 
 START = "python start + import cloudpickle"
@@ -65,7 +65,7 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("W1 warm", "W1 the same, uv cache warm", "the same, warm", ("x", 1.2)),
     ("W1n cold", "W1n pip numpy, uv cache cold", "uv venv + install + import", ("x", 1.2)),
     ("W1n warm", "W1n pip numpy, uv cache warm", "the same, warm", ("x", 1.2)),
-    ("W2", "W2 same env, idle worker round trip", "raw pipe round trip", ("s", 0.001)),
+    ("W2", "W2 same env, idle worker round trip", "raw pipe round trip", ("s", 0.00006)),
     (
         "W2b",
         "W2b cached env, new worker, first result (after %runtime_env, next cell)",
@@ -74,7 +74,7 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ),
     ("W2b cold", "W2b the same, no early start", START, None),
     ("W3", "W3 four pip envs at once → all four results", "four uv installs at once", ("x", 1.2)),
-    ("W4 throughput", "W4 1,000 no-op tasks, 2 workers", "1 / pipe round trip", ("rate", 8000)),
+    ("W4 throughput", "W4 1,000 no-op tasks, 2 workers", "1 / pipe round trip", ("rate", 15000)),
     ("W4 round trip", "W4 100 sequential round trips", "raw pipe round trip", ("s", 0.0003)),
     ("W5 first", "W5 working_dir 1,000 files / 20 MB, first task", "cp -r", ("x", 1.5)),
     (
@@ -98,6 +98,18 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
         "W8 missing requirement: time to the error at the caller",
         "uv venv + failing uv pip install",
         ("s", 0.150),
+    ),
+    (
+        "W10 numpy",
+        "W10 200 MB numpy array as argument and result, local worker",
+        "memcpy of the same bytes",
+        ("x", 3.0),
+    ),
+    (
+        "W10 pandas",
+        "W10 200 MB pandas DataFrame as argument and result, local worker",
+        "memcpy of the same bytes",
+        ("x", 3.0),
     ),
     ("S1", "S1 server p99 latency while four envs build", "", ("s", 0.020)),
     (
