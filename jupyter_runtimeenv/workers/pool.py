@@ -28,7 +28,7 @@ call joins a worker's pipeline only if its function and the one the worker runs 
 another worker could take it). Nor does a call join a pipeline when the pool may still start
 a worker for it, or when its output goes elsewhere than the calls ahead of it (another cell:
 output read in one batch could not be told apart). ``PIPELINE_DEPTH`` was chosen by
-measurement (``benchmarks/bench_workers.py --depths``).
+measurement (``benchmarks/bench_pipeline.py``).
 
 A worker that dies fails the call it may have run (the one its status word names, see
 ``protocol``) with ``BrokenWorker``; every other call it held never started there and goes
