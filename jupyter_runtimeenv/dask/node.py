@@ -18,13 +18,11 @@ are in ``node_report``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
-import sys
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,11 +33,12 @@ from ..agent import DEFAULT_MAX_CACHE_BYTES, RuntimeEnvAgent
 from ..agent.cache import default_cache_dir
 from ..client import LoopThread
 from ..context import EnvContext
-from ..errors import BuildError, SpecError, WorkerError
+from ..errors import BuildError, WorkerError
 from ..spec import RuntimeEnvSpec
 from ..workers.pool import Pool
-from . import node_blobs, node_store
-from .manifest import Manifest, missing
+from . import node_blobs
+from .node_staging import NodeStaging
+from .node_staging import NotStaged as NotStaged  # where the driver and node_kernels look
 from .relay import Relay
 
 log = logging.getLogger(__name__)
@@ -47,16 +46,6 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "jupyter-runtimeenv-node"
 T = TypeVar("T")
 _holders = itertools.count(1)
-
-
-class NotStaged(Exception):
-    """This node lacks the environment's manifest or blobs: the driver stages it and
-    submits the task again. Never reaches the user."""
-
-    def __init__(self, node: str, token: str) -> None:
-        super().__init__(node, token)
-        self.node = node
-        self.token = token
 
 
 class NodeAgentPlugin(WorkerPlugin):
@@ -134,14 +123,8 @@ class NodeAgent:
         self.agent = RuntimeEnvAgent(cache_root, max_cache_bytes=max_bytes)
         self.thread: LoopThread | None = None
         self.lock = threading.Lock()
-        self._staged: dict[str, dict[str, Any]] = {}  # token -> spec with node paths
-        self._uris: dict[str, list[str]] = {}  # token -> the resources it laid out
-        self._parsed: dict[str, RuntimeEnvSpec] = {}  # token -> that spec, parsed once
-        self._pending: dict[str, Manifest] = {}
-        #: Builds and stagings under way; the blob sweep waits for none and blocks new ones.
-        self._busy = 0
-        self._sweeping = False
-        self._quiet = threading.Condition(self.lock)
+        agent = self.agent
+        self.staging = NodeStaging(self.address, lambda: agent.cache, agent.parse, worker.rpc)
         self.pools: dict[tuple[str, str], Pool] = {}  # (executor id, token)
         self.stopped = False
 
@@ -154,194 +137,58 @@ class NodeAgent:
             pools, self.pools = list(self.pools.values()), {}
         await asyncio.to_thread(_close, pools)
         self.stopped = True
+        self.staging.closed = True
         thread, self.thread = self.thread, None
         if thread is not None:
             await thread.run_async(self.agent.stop())
             await asyncio.to_thread(thread.stop)
 
-    # -- staging (coroutines on the Dask worker's loop) ------------------------------------
+    # -- staging (``NodeStaging``; what the driver and peers call) ---------------------------
 
     async def offer(self, data: dict[str, Any]) -> list[str]:
         """Take a manifest; the blobs still needed (none: it is staged)."""
-        manifest = Manifest.from_json(data)
-        if manifest.token in self._staged:
-            return []
-        lacking = await asyncio.to_thread(missing, manifest, self.cache_root)
-        if lacking:
-            self._pending[manifest.token] = manifest
-            return lacking
-        await self._stage(manifest)
-        return []
+        return await self.staging.offer(data)
 
     async def put(self, token: str, blobs: dict[str, bytes]) -> list[str]:
-        """Store blobs; the blobs ``token`` still needs (none: it is staged). ``ValueError``
-        when one is not what its name says."""
-        refused = await asyncio.to_thread(node_blobs.store_blobs, self.cache_root, blobs)
-        if refused:
-            raise ValueError(f"blobs that are not what their names say: {refused[:3]}")
-        manifest = self._pending.get(token)
-        if manifest is None:
-            return [] if token in self._staged else ["?manifest"]
-        lacking = await asyncio.to_thread(missing, manifest, self.cache_root)
-        if not lacking:
-            await self._stage(manifest)
-        return lacking
+        return await self.staging.put(token, blobs)
 
     async def fetch(self, token: str, holders: dict[str, list[str]]) -> dict[str, Any]:
-        """Fetch the blobs ``token`` still needs from the peers ``holders`` names (blob ->
-        addresses). ``{"lacking": [...], "peer_bytes": n}``: no lacking blob means staged."""
-        manifest = self._pending.get(token)
-        if manifest is None:
-            lacking = [] if token in self._staged else ["?manifest"]
-            return {"lacking": lacking, "peer_bytes": 0}
-        lacking = await asyncio.to_thread(missing, manifest, self.cache_root)
-        sizes = manifest.blobs()
-        got = await node_blobs.fetch(
-            self.worker.rpc,
-            self.cache_root,
-            {name: sizes[name] for name in lacking if name in holders},
-            holders,
-            self.address,
-        )
-        lacking = await asyncio.to_thread(missing, manifest, self.cache_root)
-        if not lacking:
-            await self._stage(manifest)
-        return {"lacking": lacking, "peer_bytes": got.peer_bytes}
+        return await self.staging.fetch(token, holders)
 
-    async def _stage(self, manifest: Manifest) -> None:
-        spec, uris = await asyncio.to_thread(self._place, manifest)
-        with self.lock:
-            self._staged[manifest.token] = spec
-            self._uris[manifest.token] = uris
-            self._parsed.pop(manifest.token, None)
-            self._pending.pop(manifest.token, None)
+    def staged(self) -> dict[str, dict[str, Any]]:
+        return self.staging.staged()
 
-    def _place(self, manifest: Manifest) -> tuple[dict[str, Any], list[str]]:
-        with self.busy():
-            spec, uris = node_store.place(manifest, self.agent.cache)
-        python = spec.get("driver_python")
-        if isinstance(python, str) and not os.path.exists(python):
-            spec["driver_python"] = sys.executable  # the driver's is not on this node
-        return spec, uris
+    def parsed(self, token: str) -> RuntimeEnvSpec:
+        return self.staging.parsed(token)
 
-    def unstage(self, token: str) -> None:
-        """Forget a staged env (its files were collected): the next task restages it."""
-        with self.lock:
-            self._staged.pop(token, None)
-            self._uris.pop(token, None)
-            self._parsed.pop(token, None)
+    def env_id_of(self, token: str) -> str | None:
+        return self.staging.env_id_of(token)
 
-    def pending_blobs(self) -> set[str]:
-        """The blobs transfers under way wait for (never swept)."""
-        with self.lock:
-            manifests = list(self._pending.values())
-        return {name for manifest in manifests for name in manifest.blobs()}
-
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        """Around work that stores or links blobs (blocking: waits while a sweep runs)."""
-        self.enter_busy()
-        try:
-            yield
-        finally:
-            self.leave_busy()
+    # The blob sweep's guard and the trees' ties to their env, for builds made elsewhere
+    # (``node_kernels``) as for the node's own.
 
     def enter_busy(self) -> None:
-        with self._quiet:
-            while self._sweeping:
-                self._quiet.wait()
-            self._busy += 1
+        self.staging.enter_busy()
 
     def leave_busy(self) -> None:
-        with self._quiet:
-            self._busy -= 1
-            self._quiet.notify_all()
+        self.staging.leave_busy()
 
-    @contextlib.contextmanager
-    def sweeping(self) -> Iterator[bool]:
-        """Around the blob sweep: yields False (do not sweep) while anything is busy."""
-        with self._quiet:
-            if self._busy or self._sweeping:
-                yield False
-                return
-            self._sweeping = True
-        try:
-            yield True
-        finally:
-            with self._quiet:
-                self._sweeping = False
-                self._quiet.notify_all()
+    def linked(self, token: str, env_id: str) -> None:
+        self.staging.linked(token, env_id)
 
     async def trim(self, max_bytes: int | None = None) -> list[str]:
         """Collect this node's cache down to ``max_bytes`` (default: its budget), least
-        recently used first:
-        resources nobody holds (venvs, copies, laid-out trees: the agent's LRU GC), then blobs
-        nothing links any more. Staged envs whose trees went are unstaged (their next task
-        stages them again, from peers). Returns the evicted resources' URIs."""
+        recently used first: resources nobody holds (venvs, copies, laid-out trees: the
+        agent's LRU GC), then blobs nothing links any more. Staged envs whose trees went are
+        unstaged (their next task stages them again, from peers). The evicted URIs."""
         thread = self.thread
         if thread is None:
             return []
         limit = self.max_bytes if max_bytes is None else max_bytes
         evicted = await thread.run_async(self.agent.gc(limit))
-        await asyncio.to_thread(self._unstage_collected)
-        await asyncio.to_thread(self._sweep, limit)
+        await asyncio.to_thread(self.staging.unstage_collected)
+        await asyncio.to_thread(self.staging.sweep, limit)
         return [str(item["uri"]) for item in evicted]
-
-    def _unstage_collected(self) -> None:
-        with self.lock:
-            uris = dict(self._uris)
-        for token, needs in uris.items():
-            if not node_store.present(self.agent.cache, needs):
-                self.unstage(token)
-
-    def _sweep(self, limit: int) -> int:
-        with self.sweeping() as clear:
-            if not clear:
-                return 0  # a build or transfer is linking blobs now: the next trim sweeps
-            return node_store.sweep_blobs(self.agent.cache, self.pending_blobs(), limit)
-
-    def linked(self, token: str, env_id: str) -> None:
-        """The env ``env_id`` was built from ``token``'s trees: tie them to it (kept while
-        it is held, collected with it) and mark them used now. Blocking."""
-        with self.lock:
-            uris = list(self._uris.get(token, ()))
-        if uris:
-            cache = self.agent.cache
-            cache.link_resources(env_id, uris)
-            cache.touch(uris)
-
-    def staged(self) -> dict[str, dict[str, Any]]:
-        with self.lock:
-            return dict(self._staged)
-
-    def parsed(self, token: str) -> RuntimeEnvSpec:
-        """The staged env of ``token``, parsed once (its local trees hashed once); blocking.
-        ``NotStaged`` when it is not staged here, or its files are gone (collected)."""
-        with self.lock:
-            spec, parsed = self._staged.get(token), self._parsed.get(token)
-            uris = list(self._uris.get(token, ()))
-        if spec is None or self.stopped:
-            raise NotStaged(self.address, token)
-        if not node_store.present(self.agent.cache, uris):  # collected: stage it again
-            self.unstage(token)
-            raise NotStaged(self.address, token)
-        if parsed is not None:
-            return parsed
-        try:
-            parsed = self.agent.parse(spec)
-        except SpecError:  # a path of the staged spec was collected meanwhile
-            self.unstage(token)
-            raise NotStaged(self.address, token) from None
-        with self.lock:
-            if token in self._staged:
-                self._parsed[token] = parsed
-        return parsed
-
-    def env_id_of(self, token: str) -> str | None:
-        """The env id of a staged env on this node, if it was parsed (no work done)."""
-        with self.lock:
-            parsed = self._parsed.get(token)
-        return parsed.env_id if parsed is not None else None
 
     # -- building ---------------------------------------------------------------------------
 
@@ -365,12 +212,12 @@ class NodeAgent:
             remove = self.agent.add_listener(relay.take)
             flusher = asyncio.create_task(relay.run())
         try:
-            await asyncio.to_thread(self.enter_busy)  # never blocks the Dask worker's loop
+            await asyncio.to_thread(self.staging.enter_busy)  # never blocks the worker's loop
             try:
                 ctx = await thread.run_async(self.agent.get_or_create(spec, holder))
             finally:
-                self.leave_busy()
-            await asyncio.to_thread(self.linked, token, ctx.env_id)
+                self.staging.leave_busy()
+            await asyncio.to_thread(self.staging.linked, token, ctx.env_id)
         except BuildError as exc:
             error = on_node(exc, self.address)
             if relay is None:
@@ -403,12 +250,12 @@ class NodeAgent:
     def pool_for(self, owner: str, token: str) -> Pool:
         with self.lock:
             pool = self.pools.get((owner, token))
-            if pool is not None and not pool.closed and token in self._staged:
-                return pool
+        if pool is not None and not pool.closed and self.staging.spec_of(token) is not None:
+            return pool
         spec = self.parsed(token)  # blocking, outside the lock: a first parse hashes trees
         with self.lock:
             thread = self.thread
-            if thread is None or self.stopped or token not in self._staged:
+            if thread is None or self.stopped or self.staging.spec_of(token) is None:
                 raise NotStaged(self.address, token)
             pool = self.pools.get((owner, token))
             if pool is None or pool.closed:
@@ -421,9 +268,9 @@ class NodeAgent:
         agent = self.agent
 
         def acquire() -> EnvContext:
-            with self.busy():
+            with self.staging.busy():
                 ctx = thread.run(agent.get_or_create(spec, holder))
-            self.linked(token, ctx.env_id)
+            self.staging.linked(token, ctx.env_id)
             return ctx
 
         def release(ctx: EnvContext) -> None:
@@ -468,14 +315,13 @@ class NodeAgent:
     def spec_of(self, token: str) -> dict[str, Any] | None:
         """The staged spec of ``token`` (node paths), or ``None`` when it is not staged.
         Called by ``node_kernels`` to build a kernel's env with the kernel as holder."""
-        with self.lock:
-            spec = self._staged.get(token)
-        return None if spec is None else dict(spec)
+        return self.staging.spec_of(token)
 
     def info(self) -> dict[str, Any]:
         with self.lock:
             pids = [pid for pool in self.pools.values() for pid in pool.pids]
-        return {"cache_root": str(self.cache_root), "staged": sorted(self._staged), "pids": pids}
+        staged = sorted(self.staging.staged())
+        return {"cache_root": str(self.cache_root), "staged": staged, "pids": pids}
 
 
 def on_node(error: BuildError, node: str) -> BuildError:
