@@ -386,11 +386,17 @@ def _holder(kernel_id: str) -> str:
     return f"kernel:{kernel_id}"
 
 
+#: The longest failure line (the installer's whole tail goes to the server's log).
+MAX_LINE = 400
+
+
 def _one_line(error: BuildError) -> str:
     text = f"{error.step}: {error.message}" if error.step else error.message
     last = next((line.strip() for line in reversed(error.output_tail) if line.strip()), "")
     text = " ".join(text.split())
-    return f"{text} (last output: {last})" if last else text
+    if last and last not in text:
+        text = f"{text} (last output: {last})"
+    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
 # -- what the provisioner runs with Client.run (coroutines on the worker's loop) -----------

@@ -21,13 +21,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..errors import KernelStartError
+from ..server.events import KERNEL_SCHEMA_ID, KERNEL_SCHEMA_PATH
 
-KERNEL_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/kernel/v1"
-KERNEL_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "kernel" / "v1.yaml"
 CLIENT_NAME = "jupyter-runtimeenv-kernels"
 
 NodeWatcher = Callable[[str, bool], None]

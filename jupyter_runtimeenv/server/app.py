@@ -44,7 +44,7 @@ from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
 from ..spec import SpecPolicy
 from .cluster import cluster_handlers
-from .events import SCHEMA_ID, SCHEMA_PATH, EventForwarder
+from .events import KERNEL_SCHEMA_PATH, SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
 from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
 from .panel import panel_handlers
@@ -179,6 +179,7 @@ class RuntimeEnvExtension(ExtensionApp):
         assert logger is not None  # ServerApp.initialize made it before loading extensions
         logger.register_event_schema(SCHEMA_PATH)
         logger.register_event_schema(WORKERS_SCHEMA_PATH)
+        logger.register_event_schema(KERNEL_SCHEMA_PATH)
         self.forwarder = EventForwarder(logger)
         self.kernel_reports = KernelReports(
             lambda data: logger.emit(schema_id=WORKERS_SCHEMA_ID, data=data), self._kernel_pid

@@ -16,6 +16,10 @@ from ..agent.events import Event
 
 SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/env/v1"
 SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "env" / "v1.yaml"
+#: Kernels on a Dask cluster (emitted by ``kernels/remote.py``'s provisioner): registered
+#: with the others at the server's start, so that subscribers see them from the first one.
+KERNEL_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/kernel/v1"
+KERNEL_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "kernel" / "v1.yaml"
 
 _STEP_STATUSES = {"running", "done", "cached", "failed", "cancelled"}
 

@@ -51,7 +51,26 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new RuntimeEnvModel({ transport });
     let confirmDelete = true;
 
-    const panel = new RuntimeEnvPanel({ model, confirmDelete: () => confirmDelete });
+    // A kernel as people know it: the path of the notebook (or console) it serves.
+    const kernelLabel = (kernelId: string): string => {
+      for (const session of app.serviceManager.sessions.running()) {
+        if (session.kernel?.id === kernelId) {
+          return session.path;
+        }
+      }
+      return `kernel ${kernelId.slice(0, 8)}`;
+    };
+    const panel = new RuntimeEnvPanel({
+      model,
+      confirmDelete: () => confirmDelete,
+      kernelLabel
+    });
+    // A cluster kernel's notebook is known once its session is: name it then.
+    app.serviceManager.sessions.runningChanged.connect(() => {
+      if (model.clusterKernels.kernels.size) {
+        panel.render();
+      }
+    });
     panel.title.icon = runtimeEnvIcon;
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, 'jupyter-runtimeenv-panel');

@@ -5,6 +5,8 @@
  * so the model is unit-tested alone (test/model.test.ts).
  */
 
+import { ClusterKernels, KERNEL_SCHEMA } from './clusterKernels';
+
 /** A holder of an env reference, named as a user knows it (by the server). */
 export interface IHolder {
   id: string;
@@ -132,6 +134,8 @@ export class RuntimeEnvModel {
   readonly changed = new Changed();
   envs = new Map<string, IEnv>();
   kernels = new Map<string, IKernelReport>();
+  /** Kernels on a Dask cluster, from their provisioner's events (``clusterKernels.ts``). */
+  readonly clusterKernels = new ClusterKernels();
   connected = false;
   error: string | null = null;
   loaded = false;
@@ -206,6 +210,8 @@ export class RuntimeEnvModel {
       this._envEvent(event);
     } else if (event.schema_id === WORKERS_SCHEMA) {
       this._workersEvent(event);
+    } else if (event.schema_id === KERNEL_SCHEMA && this.clusterKernels.apply(event)) {
+      this.changed.emit();
     }
   }
 

@@ -5,6 +5,7 @@
 import { Clipboard, Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
+import { renderClusterKernels } from './clusterKernels';
 import {
   IEnv,
   IEnvWorker,
@@ -27,6 +28,8 @@ function outputTail(tail: unknown): string {
 export interface IPanelOptions {
   model: RuntimeEnvModel;
   confirmDelete: () => boolean;
+  /** A kernel as people know it (its notebook's path); default: its short id. */
+  kernelLabel?: (kernelId: string) => string;
 }
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -69,7 +72,10 @@ export class RuntimeEnvPanel extends Widget {
     this._header = el('div', 'jp-RuntimeEnv-header');
     this._notice = el('div', 'jp-RuntimeEnv-notice');
     this._list = el('div', 'jp-RuntimeEnv-list');
-    this.node.append(this._header, this._notice, this._list);
+    this._cluster = el('div', 'jp-RuntimeEnv-cluster');
+    this._kernelLabel =
+      options.kernelLabel ?? ((kernelId: string) => `kernel ${kernelId.slice(0, 8)}`);
+    this.node.append(this._header, this._notice, this._cluster, this._list);
     this._disconnect = this._model.changed.connect(() => this._scheduleRender());
     this._ticker = setInterval(() => this.render(), 30000); // ages
     this.render();
@@ -108,6 +114,12 @@ export class RuntimeEnvPanel extends Widget {
     );
     this._notice.textContent = model.error ?? this._message;
     this._notice.classList.toggle('jp-mod-error', !!model.error);
+    this._cluster.replaceChildren(
+      ...renderClusterKernels(model.clusterKernels.list(), this._kernelLabel, kernelId => {
+        model.clusterKernels.dismiss(kernelId);
+        this.render();
+      })
+    );
     const envs = model.sortedEnvs();
     if (!envs.length) {
       this._list.replaceChildren(
@@ -307,6 +319,8 @@ export class RuntimeEnvPanel extends Widget {
   private _header: HTMLElement;
   private _notice: HTMLElement;
   private _list: HTMLElement;
+  private _cluster: HTMLElement;
+  private _kernelLabel: (kernelId: string) => string;
   private _message = '';
   private _disconnect: () => void;
   private _ticker: ReturnType<typeof setInterval>;
