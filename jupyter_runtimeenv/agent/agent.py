@@ -26,6 +26,7 @@ from ..errors import (
     EnvNotFound,
     RuntimeEnvError,
 )
+from ..plugins import _store
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry, default_registry
 from ..spec import TRUSTED, RuntimeEnvSpec, SpecPolicy, parse
@@ -86,6 +87,7 @@ class RuntimeEnvAgent:
         self._gc_lock = asyncio.Lock()
         self._stopping = False
         self._holder_listeners: list[Callable[[str], None]] = []
+        self._detach_store: Callable[[], None] = lambda: None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -99,6 +101,8 @@ class RuntimeEnvAgent:
                 await asyncio.to_thread(cache.close)
                 raise CacheUnavailable(str(cache.root), describe(exc, cache.root)) from exc
             self._cache = cache
+            # Specs parsed in this process store what they hash into this cache (one pass).
+            self._detach_store = _store.attach(cache.root)
 
     async def stop(self) -> None:
         """Cancel every build (killing its processes), drop this process's references, close."""
@@ -108,6 +112,7 @@ class RuntimeEnvAgent:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.events.close()
+        self._detach_store()
         if self._cache is not None:
             cache, self._cache = self._cache, None
             await asyncio.to_thread(cache.drop_refs_of_pid, os.getpid())

@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import SpecError
 from ..plugins import _sources
 from ..plugins._hashing import FileEntry, Tree, blob_mode, hash_file, hash_tree
-from ..plugins._store import BLOB_MTIME_NS, blob_path, ensure_stored, materialize
+from ..plugins._store import BLOB_MTIME_NS, blob_dir, blob_path, ensure_stored, materialize
 from ..spec import RuntimeEnvSpec
 from ..spec.model import canonical_dumps
 
@@ -136,15 +136,13 @@ class _Collector:
             ensure_stored([entry], self.store_root)
             self.manifest.files[sha] = [entry.size, entry.mode]
             return f"{PREFIX}file/{sha}/{name}"
-        tree = hash_tree(location, self.excludes)
-        if tree.size > self.limit:
-            largest = ", ".join(f"{e.rel} ({e.size} bytes)" for e in tree.largest())
-            hint = " (or set driver_sys_path: false)" if field.startswith("driver_sys") else ""
-            raise SpecError(
-                field,
-                f"{location} holds {tree.size} bytes after excludes, {self._over()};"
-                f" largest files: {largest}. Add patterns to 'excludes' or a .gitignore{hint}",
-            )
+        hint = " (or set driver_sys_path: false)" if field.startswith("driver_sys") else ""
+        hint += f", or raise the limit (${_sources.MAX_BYTES_VAR})"
+        # One pass: the content read to hash it is stored from the same read.
+        store = str(blob_dir(self.store_root))
+        tree = hash_tree(
+            location, self.excludes, limit=self.limit, field=field, hint=hint, store=store
+        )
         ensure_stored(tree.entries, self.store_root)
         listing = [[e.rel, e.mode, e.size, e.sha256] for e in tree.entries]
         self.manifest.trees[tree.digest] = listing

@@ -1,45 +1,52 @@
-"""Content hashing of local files and trees, with a stat-keyed memo.
+"""Content hashing of local files and trees: one pass, and no pass when nothing changed.
 
 Who calls it: ``working_dir`` and ``py_modules`` — from ``identity`` and ``uris`` (parse and
-the agent, in threads) and from ``create`` (through ``build.to_thread``). Everything here
-blocks; nothing here may run on an event loop.
+the agent, in threads) and from ``create`` (through ``build.to_thread``) — and the Dask
+manifest. Everything here blocks; nothing here may run on an event loop.
 
-A tree's digest covers each kept file's relative path, mode class and content, after
-the default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. File
-contents are memoised by (path, size, mtime_ns, inode, device), so hashing an unchanged
-tree again costs one ``stat`` per file. Like git's "racy" check, a file modified less than
-``RACY_SECONDS`` ago is not memoised: a write within the same mtime tick as the hash could
-otherwise go unnoticed.
+A tree's digest covers each kept file's relative path, mode class and content, after the
+default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. The walk
+only stats (and counts bytes against the caller's limit, stopping there); then the files
+the stat cache (``_statcache``) does not know are read once each — hashed, and with a
+``store``, written into the content store from the same bytes — large files in chunks, many
+files on threads. An unchanged tree costs one ``stat`` per file and no read.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import os
 import stat
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import SpecError
 from ..spec.patterns import PatternError, PatternList, check_list
+from . import _blobs, _statcache
 
 #: Never part of a working_dir or py_module, whatever the spec says.
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
-RACY_SECONDS = 1.0
 #: A ``.gitignore`` larger than this, or with more patterns, is refused (``PatternError``).
 MAX_GITIGNORE_BYTES = 1 << 20
 MAX_GITIGNORE_PATTERNS = 10_000
+#: Files up to this size are read whole; larger ones are hashed (and stored) in chunks.
+WHOLE_MAX = 8 << 20
 _CHUNK = 1 << 20
-_MEMO_MAX = 500_000
+#: Below this many files to read, threads cost more than they give.
+_THREADS_FROM = 32
 
 __all__ = [
     "DEFAULT_EXCLUDES",
     "FileEntry",
     "Tree",
     "blob_mode",
+    "forget_stat_cache",
     "hash_file",
     "hash_tree",
 ]
@@ -72,11 +79,15 @@ class FileEntry:
     def blob_name(self) -> str:
         # The mode is part of the blob: hardlinks share their inode's mode, so a 0600 file
         # and a 0644 file of the same content are two blobs (0400 and 0444).
-        if self.mode == 0o444:
-            return self.sha256
-        if self.mode == 0o555:
-            return self.sha256 + "-x"
-        return f"{self.sha256}-m{self.mode:03o}"
+        return blob_name(self.sha256, self.mode)
+
+
+def blob_name(sha256: str, mode: int) -> str:
+    if mode == 0o444:
+        return sha256
+    if mode == 0o555:
+        return sha256 + "-x"
+    return f"{sha256}-m{mode:03o}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class Tree:
     digest: str
     entries: tuple[FileEntry, ...]
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         return sum(e.size for e in self.entries)
 
@@ -105,28 +116,64 @@ class Tree:
         return sorted(self.entries, key=lambda e: e.size, reverse=True)[:n]
 
 
-_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
-_memo_lock = threading.Lock()
+def forget_stat_cache() -> None:
+    """Forget every file's remembered hash: the next hash reads everything (a new kernel)."""
+    _statcache.forget()
+    with _trees_lock:
+        _trees.clear()
 
 
 def hash_file(path: str, st: os.stat_result | None = None) -> str:
-    """The sha256 of a file's content, from the memo when its stat is unchanged."""
+    """The sha256 of a file's content, from the stat cache when its stat is unchanged."""
     st = st or os.stat(path)
-    key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
-    with _memo_lock:
-        hit = _memo.get(path)
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    return _hash_one(path, st, None, blob_mode(st.st_mode))
+
+
+def _hash_one(path: str, st: os.stat_result, store: str | None, mode: int) -> str:
+    """Read ``path`` once: hash it and, with a ``store``, store it from the same bytes."""
+    known = _statcache.lookup(path, st)
+    if known is not None:
+        return known
+    started = time.time_ns()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if st.st_size <= WHOLE_MAX:
+            data = _read_whole(fd, st.st_size)
+            sha = hashlib.sha256(data).hexdigest()
+            if store is not None:
+                _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
+        else:
+            sha = _hash_chunks(fd, store, mode)
+    finally:
+        os.close(fd)
+    _statcache.record(path, st, sha, started)
+    return sha
+
+
+def _read_whole(fd: int, size: int) -> bytes:
+    data = os.read(fd, size + 1)  # one more: a file that grew is read to its end
+    if len(data) <= size:
+        return data
+    parts = [data]
+    while chunk := os.read(fd, _CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _hash_chunks(fd: int, store: str | None, mode: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+    sink = _blobs.BlobSink(store, mode) if store is not None else None
+    try:
+        while chunk := os.read(fd, _CHUNK):
             digest.update(chunk)
-    sha = digest.hexdigest()
-    if st.st_mtime_ns < (time.time() - RACY_SECONDS) * 1e9:
-        with _memo_lock:
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            _memo[path] = (key, sha)
+            if sink is not None:
+                sink.write(chunk)
+        sha = digest.hexdigest()
+        if sink is not None:
+            sink.commit(blob_name(sha, mode))
+    finally:
+        if sink is not None:
+            sink.abort()
     return sha
 
 
@@ -165,65 +212,166 @@ def _read_gitignore(path: str) -> list[str] | None:
     return lines
 
 
-def hash_tree(root: str | Path, excludes: Sequence[str] = (), *, prefix: str = "") -> Tree:
+#: A file the walk kept: its relative path (with the prefix), its path, its stat.
+_Found = tuple[str, str, os.stat_result]
+
+
+class _Walk:
+    """The files of a tree after excludes, with their stats; counts bytes as it goes and
+    stops at ``limit`` (``SpecError`` naming ``field`` and the largest files seen)."""
+
+    def __init__(self, root: str, limit: int | None, field: str, hint: str) -> None:
+        self.root = root
+        self.limit = limit
+        self.field = field
+        self.hint = hint
+        self.found: list[_Found] = []
+        #: (relative path, stat key) of each file: what identifies an unchanged tree.
+        self.signature: list[tuple[str, _statcache.Key]] = []
+        self.total = 0
+        self._largest: list[tuple[int, str]] = []  # a min-heap of the 5 largest
+
+    def file(self, rel: str, path: str, st: os.stat_result) -> None:
+        self.found.append((rel, path, st))
+        self.signature.append(
+            (rel, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        )
+        self.total += st.st_size
+        if len(self._largest) < 5:
+            heapq.heappush(self._largest, (st.st_size, rel))
+        elif st.st_size > self._largest[0][0]:
+            heapq.heapreplace(self._largest, (st.st_size, rel))
+        if self.limit is not None and self.total > self.limit:
+            largest = ", ".join(
+                f"{rel} ({_mb(size)})" for size, rel in sorted(self._largest, reverse=True)
+            )
+            raise SpecError(
+                self.field,
+                f"{self.root} holds more than {_mb(self.limit)} after excludes, over the"
+                f" limit (counting stopped there); largest files seen: {largest}. Add"
+                f" patterns to 'excludes' or a .gitignore{self.hint}",
+            )
+
+    def walk(self, rel_dir: str, matchers: list[Matcher], prefix: str) -> None:
+        dirpath = os.path.join(self.root, rel_dir) if rel_dir else self.root
+        gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
+        if gitignore is not None:
+            matchers = [*matchers, _matcher(rel_dir, gitignore)]
+        with os.scandir(dirpath) as it:
+            children = sorted(it, key=lambda e: e.name)
+        for child in children:
+            rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
+            is_dir = child.is_dir(follow_symlinks=False)
+            if _ignored(rel, is_dir, matchers):
+                continue
+            if is_dir:
+                self.walk(rel, matchers, prefix)
+                continue
+            try:
+                st = child.stat(follow_symlinks=True)
+            except OSError:
+                continue  # a dangling symlink: nothing a worker could read
+            if not stat.S_ISREG(st.st_mode):
+                continue  # sockets, fifos, symlinks to directories
+            self.file(f"{prefix}/{rel}" if prefix else rel, child.path, st)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def hash_tree(
+    root: str | Path,
+    excludes: Sequence[str] = (),
+    *,
+    prefix: str = "",
+    limit: int | None = None,
+    field: str = "",
+    hint: str = "",
+    store: str | Path | None = None,
+) -> Tree:
     """Hash the directory ``root`` (or a single file) after excludes and ``.gitignore``.
 
     ``prefix`` is put before every relative path (``py_modules`` keeps a package's own name
     so that the resource's root is what goes on ``sys.path``). Symlinks to files are
     followed (their content is what the worker will read); symlinks to directories are not
-    (they could loop or leave the tree).
+    (they could loop or leave the tree). Over ``limit`` bytes: ``SpecError`` naming
+    ``field`` (``hint`` ends its advice), raised as soon as the walk has counted that much.
+    With ``store`` (a blob directory), content read here is stored there from the same read.
     """
     root = os.path.abspath(root)
-    entries: list[FileEntry] = []
+    started = time.time_ns()
+    walk = _Walk(root, limit, field, hint)
     if os.path.isfile(root):
-        st = os.stat(root)
-        name = prefix or os.path.basename(root)
-        entries.append(
-            FileEntry(name, root, blob_mode(st.st_mode), st.st_size, hash_file(root, st))
-        )
+        walk.file(prefix or os.path.basename(root), root, os.stat(root))
     else:
         check_list(excludes, "excludes")
-        base = [_matcher("", [*DEFAULT_EXCLUDES, *excludes])]
-        _walk(root, "", base, prefix, entries)
-    return Tree(_digest(entries), tuple(entries))
+        walk.walk("", [_matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix)
+    found = walk.found
+    # The same files with the same stats as last time: the same tree, nothing to build.
+    memo_key = (root, tuple(excludes), prefix)
+    signature = walk.signature
+    known = _trees.get(memo_key)
+    if known is not None and known[0] == signature:
+        return known[1]
+    blobs = None if store is None else str(store)
+    shas = _hash_all(found, blobs)
+    entries = tuple(
+        FileEntry(rel, path, blob_mode(st.st_mode), st.st_size, sha)
+        for (rel, path, st), sha in zip(found, shas, strict=True)
+    )
+    tree = Tree(_digest(entries), entries)
+    if all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st in found):
+        with _trees_lock:
+            if len(_trees) >= _TREES_MAX:
+                _trees.pop(next(iter(_trees)))
+            _trees[memo_key] = (signature, tree)
+    return tree
 
 
-def _walk(
-    root: str,
-    rel_dir: str,
-    matchers: list[Matcher],
-    prefix: str,
-    out: list[FileEntry],
-) -> None:
-    dirpath = os.path.join(root, rel_dir) if rel_dir else root
-    gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
-    if gitignore is not None:
-        matchers = [*matchers, _matcher(rel_dir, gitignore)]
-    with os.scandir(dirpath) as it:
-        children = sorted(it, key=lambda e: e.name)
-    for child in children:
-        rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
-        is_dir = child.is_dir(follow_symlinks=False)
-        if _ignored(rel, is_dir, matchers):
-            continue
-        if is_dir:
-            _walk(root, rel, matchers, prefix, out)
-            continue
-        try:
-            st = child.stat(follow_symlinks=True)
-        except OSError:
-            continue  # a dangling symlink: nothing a worker could read
-        if not stat.S_ISREG(st.st_mode):
-            continue  # sockets, fifos, symlinks to directories
-        out.append(
-            FileEntry(
-                f"{prefix}/{rel}" if prefix else rel,
-                child.path,
-                blob_mode(st.st_mode),
-                st.st_size,
-                hash_file(child.path, st),
-            )
-        )
+_TREES_MAX = 64
+# The last tree hashed per (root, excludes, prefix), with the (path, stat key) of each of
+# its files: a walk that finds exactly those identifies the tree without a lookup per file.
+_trees: dict[tuple[str, tuple[str, ...], str], tuple[list[tuple[str, _statcache.Key]], Tree]] = {}
+_trees_lock = threading.Lock()
+
+
+def _hash_all(found: list[_Found], store: str | None) -> list[str]:
+    shas: list[str | None] = [_statcache.lookup(path, st) for _, path, st in found]
+    todo = [i for i, sha in enumerate(shas) if sha is None]
+
+    def run(indices: Sequence[int]) -> None:
+        for i in indices:
+            _, path, st = found[i]
+            shas[i] = _hash_one(path, st, store, blob_mode(st.st_mode))
+
+    if len(todo) < _THREADS_FROM:
+        run(todo)
+    else:
+        # sha256 and file I/O release the GIL: files are read, hashed and stored on
+        # several cores at once. Interleaved slices keep large and small files mixed.
+        n = _threads()
+        list(_pool().map(run, [todo[k::n] for k in range(n)]))
+    done = [sha for sha in shas if sha is not None]
+    if len(done) != len(found):  # a thread failed without raising: never a partial tree
+        raise RuntimeError("hashing left files without a digest")
+    return done
+
+
+def _threads() -> int:
+    return max(2, min(8, (os.cpu_count() or 1) * 2))
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(_threads(), thread_name_prefix="jre-hash")
+        return _executor
 
 
 def _ignored(rel: str, is_dir: bool, matchers: list[Matcher]) -> bool:

@@ -21,20 +21,33 @@ from ..errors import BuildError, SpecError
 from ..spec.paths import resolve_path
 from ..spec.patterns import PatternError
 from ..spec.ray import gcs_uri_reason
-from . import _remote
+from . import _downloads, _remote
 from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
-from ._store import materialize
+from ._store import blob_dir, default_store, materialize
 from ._unpack import flatten_single_dir, safe_unzip
 from ._untar import TAR_SUFFIXES, is_tar, safe_untar
 from ._uv import installer_env, uv_bin
 from .base import BuildContext
 
+#: The variable that names an env's trees to its workers (``workers/_cow.py``).
+TREES_VAR = "JUPYTER_RUNTIMEENV_TREES"
 #: Default cap on a local directory's size after excludes (Ray's is 500 MiB too).
 DEFAULT_MAX_BYTES = 500 * 2**20
 MAX_BYTES_VAR = "JUPYTER_RUNTIMEENV_MAX_UPLOAD_BYTES"
 
-__all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES_VAR", "create", "digest", "kind_of", "normalize"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_BYTES_VAR",
+    "TREES_VAR",
+    "create",
+    "digest",
+    "env_uri",
+    "guard_tree",
+    "kind_of",
+    "normalize",
+    "uri_digest",
+]
 
 
 def is_url(value: str) -> bool:
@@ -108,9 +121,22 @@ def max_bytes(configured: int | None) -> int:
     return int(env) if env else DEFAULT_MAX_BYTES
 
 
-def tree_of(location: str, excludes: Sequence[str], keep_name: bool) -> Tree:
+def tree_of(
+    location: str,
+    excludes: Sequence[str],
+    keep_name: bool,
+    *,
+    limit: int | None = None,
+    field: str = "",
+    store: str | None = None,
+) -> Tree:
+    """The hashed tree at ``location``; over ``limit`` bytes a ``SpecError`` naming ``field``,
+    as soon as the walk has counted that much. ``store``: see ``hash_tree``."""
     prefix = os.path.basename(location.rstrip(os.sep)) if keep_name else ""
-    return hash_tree(location, excludes, prefix=prefix)
+    hint = f", or raise the limit (${MAX_BYTES_VAR})"
+    return hash_tree(
+        location, excludes, prefix=prefix, limit=limit, field=field, hint=hint, store=store
+    )
 
 
 # The digest ``identity`` computed last for a source: ``uris`` reuses it, so the resource
@@ -166,22 +192,37 @@ def _digest(
         if size > limit:
             raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
         return f"{kind}:{hash_file(location)}"
+    # One pass: what is read to hash it goes into the store of this process's agent, so
+    # that the build only links (see ``_store.attach``).
     try:
-        tree = tree_of(location, excludes, keep_name)
+        tree = tree_of(
+            location, excludes, keep_name, limit=limit, field=field, store=default_store()
+        )
     except PatternError as exc:  # a .gitignore past its bounds
         raise SpecError(field, str(exc)) from None
     _trees[tree.digest] = tree
     while len(_trees) > 16:
         _trees.pop(next(iter(_trees)))
-    if tree.size > limit:
-        largest = ", ".join(f"{e.rel} ({_mb(e.size)})" for e in tree.largest())
-        raise SpecError(
-            field,
-            f"{location} holds {_mb(tree.size)} after excludes, over the limit of {_mb(limit)}"
-            f"; largest files: {largest}. Add patterns to 'excludes' or a .gitignore, or raise"
-            f" the limit ({MAX_BYTES_VAR})",
-        )
     return f"tree:{tree.digest}"
+
+
+def env_uri(field: str, digest: str, env_id: str) -> str:
+    """The resource URI of ``digest`` for the env ``env_id``: every env gets its own copy of
+    its code, so that what its tasks write there reaches no other env (its files are links
+    to the content store, guarded in the workers: see ``workers/_cow.py``)."""
+    return f"{field}:{digest}@{env_id}"
+
+
+def uri_digest(uri: str) -> str:
+    """The digest an ``env_uri`` was made of."""
+    return uri.split(":", 1)[1].rsplit("@", 1)[0]
+
+
+def guard_tree(env_vars: dict[str, str], path: str) -> None:
+    """Name ``path`` in ``TREES_VAR``, so the env's workers copy its shared files before
+    writing to them."""
+    current = env_vars.get(TREES_VAR)
+    env_vars[TREES_VAR] = f"{current}{os.pathsep}{path}" if current else path
 
 
 def label(location: str, digest: str) -> str:
@@ -221,6 +262,10 @@ async def create(
     target = build.target
     if kind in ("url", "remote"):
         name = location.split("?", 1)[0].rsplit("/", 1)[-1] or "download.zip"
+        kept = await build.to_thread(_downloads.cached, build.cache_root, expected, name)
+        if kept is not None:
+            build.log(f"{label(location, expected)}: downloaded before, unpacking a copy")
+            return await _unpack_archive(kept, build, flatten=flatten)
         # Beside the target, not in it: the target must hold only the archive's content.
         # Named after the target, so the agent's start-up sweep removes it if we die.
         holder = target.with_name(target.name + ".download")
@@ -231,14 +276,18 @@ async def create(
                 await fetch(location, archive, build)
             else:
                 await _remote.fetch(location, archive, expected, build)
-            return await _unpack_archive(archive, build, flatten=flatten)
+            kept = await build.to_thread(_downloads.keep, build.cache_root, expected, archive)
+            return await _unpack_archive(kept, build, flatten=flatten)
         finally:
             await build.to_thread(shutil.rmtree, holder, True)
     if kind in ("zip", "tar", "whl"):
         return await _unpack_archive(Path(location), build, flatten=flatten)
     tree = _trees.get(expected.removeprefix("tree:"))
     if tree is None:  # hashed in another process (or long ago): hash again, and compare
-        tree = await build.to_thread(tree_of, location, build.spec.excludes, keep_name)
+        store = str(blob_dir(build.cache_root))
+        tree = await build.to_thread(
+            lambda: tree_of(location, build.spec.excludes, keep_name, store=store)
+        )
         if f"tree:{tree.digest}" != expected:
             raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
     stored = await build.to_thread(materialize, tree, build.cache_root, target)

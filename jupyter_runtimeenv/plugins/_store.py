@@ -1,35 +1,43 @@
 """The per-file content store behind ``working_dir`` and ``py_modules``.
 
-Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks).
+Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks), and the
+Dask manifest. An agent ``attach``-es its store when it starts, so that a spec parsed in the
+same process stores what it hashes from the same read (``_hashing``): the build then only
+links.
 
-Each file's content is stored once, as a blob under ``<cache_root>/shared/blobs`` named by
-its sha256 and mode (``_hashing.blob_mode``: a 0600 source is stored 0400, never shared with
-a 0444 blob of the same content); a tree is materialised by hardlinking its blobs into the
-build's target (copying where the file system refuses links). An unchanged file therefore
-costs a link, never a copy, and a one-byte change in a tree of a thousand files copies one
-file. Blobs are made read-only and stamped with a fixed mtime: a blob whose mtime moved was
-written through one of its links (e.g. a worker editing a file in its cwd) and is replaced
-before it is linked again, so one environment's edit never leaks into the next.
+Each file's content is stored once, as a blob (``_blobs``) under
+``<cache_root>/shared/blobs`` named by its sha256 and mode; a tree is materialised by
+hardlinking its blobs into the build's target (copying where the file system refuses
+links). An unchanged file costs a link, never a copy, and a one-byte change in a tree of a
+thousand files stores one file. Before a blob is linked into a new tree it is checked: a
+blob touched through a link since it was stored is hashed again, and leaves the store if
+its content changed (``_blobs.verify``), so one environment's edit never reaches the next.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
 import shutil
-import uuid
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import BuildError
-from ._hashing import FileEntry, Tree
+from . import _blobs, _statcache
+from ._blobs import BLOB_MTIME_NS
+from ._hashing import WHOLE_MAX, FileEntry, Tree
 
-#: The mtime every blob carries; any other mtime means it was modified after storing.
-BLOB_MTIME_NS = 1_000_000_000 * 10**9
-
-__all__ = ["BLOB_MTIME_NS", "blob_dir", "blob_path", "ensure_stored", "materialize"]
+__all__ = [
+    "BLOB_MTIME_NS",
+    "attach",
+    "blob_dir",
+    "blob_path",
+    "default_store",
+    "ensure_stored",
+    "materialize",
+]
 
 
 def blob_dir(cache_root: Path) -> Path:
@@ -41,16 +49,41 @@ def blob_path(cache_root: Path, name: str) -> Path:
     return blob_dir(cache_root) / name[:2] / name
 
 
+_attached: list[str] = []
+_attached_lock = threading.Lock()
+
+
+def attach(cache_root: Path) -> Callable[[], None]:
+    """Make ``cache_root``'s store the one specs parsed in this process store into; returns
+    the function that undoes it. Called by the agent on start (the undo on stop)."""
+    store = str(blob_dir(cache_root))
+    with _attached_lock:
+        _attached.append(store)
+
+    def detach() -> None:
+        with _attached_lock:
+            if store in _attached:
+                _attached.remove(store)
+
+    return detach
+
+
+def default_store() -> str | None:
+    """The blob directory of the agent started last in this process, if one runs."""
+    with _attached_lock:
+        return _attached[-1] if _attached else None
+
+
 def ensure_stored(entries: Iterable[FileEntry], cache_root: Path) -> int:
     """Store each entry's content that the store lacks; returns bytes newly stored.
 
-    Who calls it: the Dask executor, so a tree's content outlives its source directory.
+    Who calls it: the Dask manifest, so a tree's content outlives its source directory.
     """
+    store = str(blob_dir(cache_root))
     stored = 0
     for entry in entries:
-        blob = blob_path(cache_root, entry.blob_name)
-        if not _valid(str(blob), entry):
-            _store(entry, blob)
+        if not _blobs.verify(store, entry.blob_name, entry.sha256, entry.size, entry.mode):
+            _store(entry, store)
             stored += entry.size
     return stored
 
@@ -61,7 +94,7 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     Raises ``BuildError`` if a source file no longer has the content it was hashed with
     (it changed after the spec was parsed: parse again).
     """
-    blobs = str(blob_dir(cache_root)) + os.sep
+    store = str(blob_dir(cache_root))
     root = str(target) + os.sep
     stored = 0
     # Directories first, each once (a mkdir costs ~0.6 ms on some file systems), then
@@ -69,11 +102,16 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     os.makedirs(root, exist_ok=True)
     for rel_dir in tree.dirs:
         os.mkdir(root + rel_dir)
+    valid, path_in = _blobs.valid, _blobs.path_in
     for entry in tree.entries:
         name = entry.blob_name
-        blob = blobs + name[:2] + os.sep + name
-        if not _valid(blob, entry):
-            _store(entry, Path(blob))
+        blob = path_in(store, name)
+        try:
+            ok = valid(os.lstat(blob), entry.size, entry.mode)
+        except FileNotFoundError:
+            ok = False
+        if not ok and not _blobs.verify(store, name, entry.sha256, entry.size, entry.mode):
+            _store(entry, store)
             stored += entry.size
         dest = root + entry.rel
         try:
@@ -85,32 +123,38 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     return stored
 
 
-def _valid(blob: str, entry: FileEntry) -> bool:
+def _store(entry: FileEntry, store: str) -> None:
+    """Store ``entry``'s content from its source, which must still hold it."""
     try:
-        st = os.stat(blob)
-    except FileNotFoundError:
-        return False
-    return st.st_size == entry.size and st.st_mtime_ns == BLOB_MTIME_NS
-
-
-def _store(entry: FileEntry, blob: Path) -> None:
-    """Copy the source into the store, checking it still has the hashed content."""
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    tmp = blob.with_name(f".{blob.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        st = os.stat(entry.source)
+    except OSError as exc:
+        raise _changed(entry) from exc
+    name = entry.blob_name
+    # The stat cache vouches for the source: the kernel copies it, nothing is read here.
+    if _statcache.lookup(entry.source, st) == entry.sha256 and _blobs.copy_in(
+        store, name, entry.source, st, entry.mode
+    ):
+        return
+    if st.st_size <= WHOLE_MAX:
+        with open(entry.source, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise _changed(entry)
+        _blobs.write_blob(store, name, data, len(data), entry.mode)
+        return
     digest = hashlib.sha256()
+    sink = _blobs.BlobSink(store, entry.mode)
     try:
-        with open(entry.source, "rb") as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
+        with open(entry.source, "rb") as f:
+            while chunk := f.read(1 << 20):
                 digest.update(chunk)
-                dst.write(chunk)
+                sink.write(chunk)
         if digest.hexdigest() != entry.sha256:
-            raise BuildError(
-                f"{entry.source} changed after the spec was parsed; parse the spec again"
-            )
-        os.chmod(tmp, entry.mode)  # read-only; owner-only when the source was
-        os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
-        # Atomic: a concurrent build linking this blob sees the old or the new file, whole.
-        os.replace(tmp, blob)
+            raise _changed(entry)
+        sink.commit(name)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        sink.abort()
+
+
+def _changed(entry: FileEntry) -> BuildError:
+    return BuildError(f"{entry.source} changed after the spec was parsed; parse the spec again")

@@ -64,10 +64,11 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         return self._digests(value, spec, recall=False)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        return [f"py_modules:{d}" for d in self._digests(value, spec, recall=True)]
+        digests = self._digests(value, spec, recall=True)
+        return [_sources.env_uri(self.name, d, spec.env_id) for d in digests]
 
     def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
-        digest = uri.split(":", 1)[1]
+        digest = _sources.uri_digest(uri)
         for location, known in zip(value, self._digests(value, spec, recall=True), strict=True):
             if known == digest:
                 return f"py_modules: {_sources.label(location, digest)}"
@@ -83,7 +84,7 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         ]
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
-        expected = uri.split(":", 1)[1]
+        expected = _sources.uri_digest(uri)
         # The agent asks for each URI separately; find which module this one is (two
         # modules with the same content share a URI: either builds it). Hashing blocks.
         location = await build.to_thread(self._find, value, expected, build.spec.excludes)
@@ -111,3 +112,5 @@ class PyModulesPlugin(RuntimeEnvPlugin):
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         paths = [ctx.resource_path(uri) for uri in uris]
         ctx.extra_paths[0:0] = [p for p in paths if p not in ctx.extra_paths]
+        for path in paths:
+            _sources.guard_tree(ctx.env_vars, path)

@@ -41,10 +41,11 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
         return self._digest(value, spec, recall=False)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        return [f"working_dir:{self._digest(value, spec, recall=True)}"]
+        digest = self._digest(value, spec, recall=True)
+        return [_sources.env_uri(self.name, digest, spec.env_id)]
 
     def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
-        return f"working_dir: {_sources.label(value, uri.split(':', 1)[1])}"
+        return f"working_dir: {_sources.label(value, _sources.uri_digest(uri))}"
 
     def _digest(self, value: str, spec: RuntimeEnvSpec, *, recall: bool) -> str:
         limit = _sources.max_bytes(self.max_bytes)
@@ -53,10 +54,11 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
         )
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
-        expected = uri.split(":", 1)[1]
+        expected = _sources.uri_digest(uri)
         return await _sources.create(value, expected, build, keep_name=False, flatten=True)
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         path = ctx.resource_path(uris[0])
         ctx.cwd = path
         ctx.extra_paths.insert(0, path)
+        _sources.guard_tree(ctx.env_vars, path)

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
 SETUP_HOOK_VAR = "JUPYTER_RUNTIMEENV_SETUP_HOOK"
+#: The env's trees whose files are links to the content store (see ``_cow.py``).
+TREES_VAR = "JUPYTER_RUNTIMEENV_TREES"
 #: Set for a worker started ahead of its first task (``Pool.prestart``): it has time to
 #: import cloudpickle after HELLO, before that task comes. Removed from the environment.
 WARM_VAR = "JUPYTER_RUNTIMEENV_WARM"
@@ -274,6 +276,8 @@ def main(argv: list[str]) -> int:
     protocol = _load_by_path("_jupyter_runtimeenv_protocol", os.path.join(_HERE, "protocol.py"))
     shm = _load_by_path("_jupyter_runtimeenv_shm", os.path.join(_HERE, "shm.py"))
     loop = _load_by_path("_jupyter_runtimeenv_serve", os.path.join(_HERE, "_serve.py"))
+    if os.environ.get(TREES_VAR):  # before any user code: writes to shared files copy first
+        _load_by_path("_jupyter_runtimeenv_cow", os.path.join(_HERE, "_cow.py")).install_from_env()
     ensure_cloudpickle()
     # Takes the channel (not inherited by a task's children; /dev/null in a fork's).
     worker = loop.Worker(args["fd"], protocol, shm, exc_state, stdio_intact)

@@ -103,10 +103,11 @@ async def test_a_changed_object_is_fetched_again_an_unchanged_one_is_not(
     first = await agent.get_or_create({"working_dir": uri}, "t")
     assert run_in(first, "import mod; print(mod.V)") == 1
 
-    # Unchanged: another env using the same object reuses the downloaded resource.
+    # Unchanged: another env using the same object reuses the download, in its own copy.
     other = await agent.get_or_create({"working_dir": uri, "env_vars": {"X": "1"}}, "t")
-    assert other.cwd == first.cwd
-    assert "downloaded" not in await agent.log(other.env_id)
+    assert other.cwd != first.cwd
+    assert "downloaded before" in await agent.log(other.env_id)
+    assert f"downloaded {uri}" not in await agent.log(other.env_id)
 
     bucket.put("app.zip", zip_of({"mod.py": "V = 2\n"}))
     changed = await agent.get_or_create({"working_dir": uri}, "t")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import zipfile
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from jupyter_runtimeenv.errors import BuildError, SpecError
-from jupyter_runtimeenv.plugins import _hashing
+from jupyter_runtimeenv.plugins import _hashing, _sources, _statcache, _store
 from jupyter_runtimeenv.plugins.working_dir import WorkingDirPlugin
 from jupyter_runtimeenv.spec import parse
 
@@ -79,25 +80,81 @@ def test_id_follows_content_not_location(tmp_path: Path) -> None:
     assert parse({"working_dir": str(a)}).env_id != parse({"working_dir": str(b)}).env_id
 
 
-def test_memo_makes_rehashing_read_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = make_tree(tmp_path / "src", {f"f{i}.py": str(i) for i in range(20)})
-    old = 1_600_000_000
-    for f in src.iterdir():
-        os.utime(f, (old, old))  # older than the racy window
-    first = _hashing.hash_tree(src)
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``_hashing`` opens to read, from now on."""
     opened: list[str] = []
-    real_open = open
+    real_open = os.open
 
-    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
-        opened.append(str(path))
-        return real_open(path, *args, **kwargs)
+    def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        if not flags & (os.O_WRONLY | os.O_RDWR):
+            opened.append(str(path))
+        return fd
 
-    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(_hashing.os, "open", counting_open)
+    return opened
+
+
+def test_stat_cache_makes_rehashing_read_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = make_tree(tmp_path / "src", {f"f{i}.py": str(i) for i in range(40)})
+    # Files changed within the racy window are not remembered; these were just written.
+    monkeypatch.setattr(_statcache, "RACY_NS", 0)
+    _hashing.forget_stat_cache()
+    opened = _counting_reads(monkeypatch)
+    first = _hashing.hash_tree(src)
+    assert sorted(opened) == sorted(str(p) for p in src.iterdir())  # each file read once
+    opened.clear()
     assert _hashing.hash_tree(src).digest == first.digest
     assert opened == []
     (src / "f3.py").write_text("changed")
-    _hashing.hash_tree(src)
+    assert _hashing.hash_tree(src).digest != first.digest
     assert opened == [str(src / "f3.py")]
+
+
+def test_a_change_that_keeps_size_and_mtime_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stat key has the ctime: restoring a file's size and mtime does not hide an edit."""
+    src = make_tree(tmp_path / "src", {"a.py": "A = 1\n"})
+    monkeypatch.setattr(_statcache, "RACY_NS", 0)
+    before = _hashing.hash_tree(src).digest
+    st = os.stat(src / "a.py")
+    (src / "a.py").write_text("A = 2\n")
+    os.utime(src / "a.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _hashing.hash_tree(src).digest != before
+
+
+def test_a_racy_file_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file changed within the racy window of its read is never taken from the cache."""
+    src = make_tree(tmp_path / "src", {"a.py": "1"})
+    opened = _counting_reads(monkeypatch)
+    _hashing.hash_tree(src)
+    _hashing.hash_tree(src)
+    assert opened == [str(src / "a.py")] * 2
+
+
+def test_one_pass_stores_what_it_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a store, each file is read once: hashed and stored from the same bytes (large
+    ones in chunks), on threads for many files; materialize then only links."""
+    files = {f"d{i % 4}/f{i}.txt": f"content {i}\n" * (i + 1) for i in range(60)}
+    src = make_tree(tmp_path / "src", files)
+    big = src / "big.bin"
+    big.write_bytes(os.urandom(_hashing.WHOLE_MAX + 12345))
+    _hashing.forget_stat_cache()
+    opened = _counting_reads(monkeypatch)
+    store = tmp_path / "cache" / "shared" / "blobs"
+    tree = _hashing.hash_tree(src, store=store)
+    assert sorted(opened) == sorted(e.source for e in tree.entries)
+    for entry in tree.entries:
+        blob = store / entry.blob_name[:2] / entry.blob_name
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == entry.sha256
+        assert blob.stat().st_mode & 0o777 == entry.mode == 0o444
+    opened.clear()
+    assert _store.materialize(tree, tmp_path / "cache", tmp_path / "out") == 0
+    assert opened == []
+    assert (tmp_path / "out" / "big.bin").read_bytes() == big.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -126,8 +183,9 @@ def test_size_limit_names_the_largest_files(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         parse({"working_dir": str(src)}, registry=registry)
     assert info.value.field == "working_dir"
-    assert "huge.bin" in info.value.reason
-    assert info.value.reason.index("huge.bin") < info.value.reason.index("mid.bin")
+    assert "huge.bin (0.0 MiB)" in info.value.reason
+    assert "counting stopped" in info.value.reason
+    assert "JUPYTER_RUNTIMEENV_MAX_UPLOAD_BYTES" in info.value.reason
     assert parse({"working_dir": str(src), "excludes": ["*.bin"]}, registry=registry)
 
 
@@ -205,12 +263,23 @@ async def test_local_zip_with_one_top_dir_is_flattened(
     assert run_in(ctx, "import mod; print(json.dumps(mod.X))") == "zipped"
 
 
-async def test_a_changed_dir_after_parse_fails_rather_than_lies(
-    make_agent: Agent, tmp_path: Path
+async def test_the_env_holds_the_content_its_id_was_made_from(
+    make_agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Parsing stored the content it hashed: an edit after parse does not change what the
+    env holds. Where nothing was stored (no agent in the parsing process), the build fails
+    rather than give other code under the same id."""
     src = make_tree(tmp_path / "src", {"a.py": "1"})
     agent = await make_agent()
     spec = await asyncio.to_thread(agent.parse, {"working_dir": str(src)})
     (src / "a.py").write_text("2")
+    ctx = await agent.get_or_create(spec, "t")
+    assert ctx.cwd is not None
+    assert (Path(ctx.cwd) / "a.py").read_text() == "1"
+
+    (src / "a.py").write_text("3")
+    monkeypatch.setattr(_sources, "default_store", lambda: None)
+    spec = await asyncio.to_thread(agent.parse, {"working_dir": str(src)})
+    (src / "a.py").write_text("4")
     with pytest.raises(BuildError, match="changed after the spec was parsed"):
         await agent.get_or_create(spec, "t")
