@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WorkerError
-from ..spec import RuntimeEnvSpec
+from ..spec import RuntimeEnvSpec, refresh
 from ..workers.executor import resolve_driver_sys_path, resolve_for_driver
 from .manifest import Manifest, build_manifest
 
@@ -91,8 +91,11 @@ class Staging:
             paths = memo[1]
         return (spec.env_id, paths)
 
-    def env_for(self, spec: RuntimeEnvSpec) -> StagedEnv:
+    def env_for(self, declared: RuntimeEnvSpec) -> StagedEnv:
         """The staged env of ``spec``; the first ask starts staging it on every node."""
+        # Local code as it is now: an edit to the working_dir gives a new env for this call
+        # (its manifest stores and ships only the changed files).
+        spec = refresh(declared)
         key = self.key_of(spec)
         with self.lock:
             if self.shut:
@@ -106,8 +109,9 @@ class Staging:
 
     def known(self, spec: RuntimeEnvSpec) -> StagedEnv | None:
         """The staged env of ``spec`` if it was asked for already (nothing is started)."""
+        key = self.key_of(refresh(spec))
         with self.lock:
-            return self.envs.get(self.key_of(spec))
+            return self.envs.get(key)
 
     def by_token(self) -> dict[str, StagedEnv]:
         """Manifest token -> env, for the envs prepared so far."""

@@ -102,6 +102,11 @@ class RuntimeEnvPlugin:
     priority: ClassVar[int] = 50
     #: One line for error messages and ``jupyter runtimeenv plugins``.
     description: ClassVar[str] = ""
+    #: Whether ``identity`` reads local files that may change under the same value (a
+    #: directory): executors then ask again at every call (``spec.refresh``), so the
+    #: call after an edit gets an env with the edit. ``identity`` must be cheap when
+    #: nothing changed (``working_dir`` and ``py_modules``: a stat walk).
+    local_content: ClassVar[bool] = False
 
     def validate(self, value: Any) -> Any:
         return value
@@ -113,6 +118,12 @@ class RuntimeEnvPlugin:
 
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
         return value
+
+    def refresh_identity(self, value: Any, spec: RuntimeEnvSpec, known: Any) -> Any:
+        """The identity of ``value`` now (``known``: the one ``spec`` was made with); asked
+        at every call when ``local_content`` is set. Blocking, must be cheap when nothing
+        changed; may return ``known`` for parts that cannot change locally (a URL)."""
+        return self.identity(value, spec)
 
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
         return []

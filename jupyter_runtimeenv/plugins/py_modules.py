@@ -43,6 +43,7 @@ class PyModulesPlugin(RuntimeEnvPlugin):
     name = "py_modules"
     # Before working_dir (30), which then puts itself ahead of the modules.
     priority = 25
+    local_content = True
     description = "packages, .py files, wheels, zips or URLs to put on the workers' sys.path"
 
     def __init__(self, max_bytes: int | None = None) -> None:
@@ -63,13 +64,28 @@ class PyModulesPlugin(RuntimeEnvPlugin):
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
         return self._digests(value, spec, recall=False)
 
+    def refresh_identity(self, value: Any, spec: RuntimeEnvSpec, known: Any) -> Any:
+        limit = _sources.max_bytes(self.max_bytes)
+        now = []
+        for i, location in enumerate(value):
+            if _sources.kind_of(location) in ("url", "remote") and known:
+                now.append(known[i])  # a URL names its content; a remote URI: at parse
+            else:
+                field = f"{self.name}.{i}"
+                now.append(
+                    _sources.digest(location, spec.excludes, field, keep_name=True, limit=limit)
+                )
+        return now
+
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        digests = self._digests(value, spec, recall=True)
+        # The digests the env id was made from: the resources built are that content.
+        digests = spec.identity.get(self.name) or self._digests(value, spec, recall=True)
         return [_sources.env_uri(self.name, d, spec.env_id) for d in digests]
 
     def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:
         digest = _sources.uri_digest(uri)
-        for location, known in zip(value, self._digests(value, spec, recall=True), strict=True):
+        digests = spec.identity.get(self.name) or self._digests(value, spec, recall=True)
+        for location, known in zip(value, digests, strict=True):
             if known == digest:
                 return f"py_modules: {_sources.label(location, digest)}"
         return super().describe(uri, value, spec)
@@ -87,7 +103,10 @@ class PyModulesPlugin(RuntimeEnvPlugin):
         expected = _sources.uri_digest(uri)
         # The agent asks for each URI separately; find which module this one is (two
         # modules with the same content share a URI: either builds it). Hashing blocks.
-        location = await build.to_thread(self._find, value, expected, build.spec.excludes)
+        known = build.spec.identity.get(self.name) or []
+        location = next((loc for loc, d in zip(value, known, strict=False) if d == expected), None)
+        if location is None:
+            location = await build.to_thread(self._find, value, expected, build.spec.excludes)
         if location is None:
             raise BuildError(f"no module of this spec has the content {expected} any more")
         return await _sources.create(location, expected, build, keep_name=True, flatten=False)

@@ -29,6 +29,7 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
     name = "working_dir"
     # After py_modules (25): it inserts itself first on sys.path, ahead of them.
     priority = 30
+    local_content = True
     description = "a directory, .zip or http(s) zip URL: the workers' cwd, first on sys.path"
 
     def __init__(self, max_bytes: int | None = None) -> None:
@@ -40,8 +41,14 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
     def identity(self, value: Any, spec: RuntimeEnvSpec) -> Any:
         return self._digest(value, spec, recall=False)
 
+    def refresh_identity(self, value: Any, spec: RuntimeEnvSpec, known: Any) -> Any:
+        if _sources.kind_of(value) in ("url", "remote"):
+            return known  # a URL names its content; a remote URI is looked at when parsed
+        return self._digest(value, spec, recall=False)
+
     def uris(self, value: Any, spec: RuntimeEnvSpec) -> list[str]:
-        digest = self._digest(value, spec, recall=True)
+        # The digest the env id was made from: the resource built is that content.
+        digest = spec.identity.get(self.name) or self._digest(value, spec, recall=True)
         return [_sources.env_uri(self.name, digest, spec.env_id)]
 
     def describe(self, uri: str, value: Any, spec: RuntimeEnvSpec) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .model import RuntimeEnvConfig, RuntimeEnvSpec
-from .parse import load_spec_file, merge, parse
+from .parse import load_spec_file, merge, parse, refresh
 from .paths import resolve_path
 from .policy import TRUSTED, SpecPolicy
 
@@ -15,5 +15,6 @@ __all__ = [
     "load_spec_file",
     "merge",
     "parse",
+    "refresh",
     "resolve_path",
 ]

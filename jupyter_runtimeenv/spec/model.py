@@ -46,13 +46,18 @@ class RuntimeEnvSpec:
     ``fields`` maps each field to its normalised value; ``plugins`` maps import paths of
     out-of-tree plugins to their config. ``env_id`` is the sha256 of the canonical identity:
     every field but ``config`` (only ``config.isolated`` counts), with local files entering by
-    content.
+    content. ``identity`` holds that identity per field (a ``working_dir``'s tree digest):
+    a merge reuses it for fields that did not change, and ``refresh`` compares it with the
+    files as they are now. It is not part of the spec's value (equality, JSON).
     """
 
     fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     plugins: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     config: RuntimeEnvConfig = field(default_factory=RuntimeEnvConfig)
     env_id: str = ""
+    identity: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(sorted(self.fields.items()))))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 
 from ..errors import SpecError
+from ..plugins.base import RuntimeEnvPlugin
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
@@ -20,7 +22,7 @@ from .policy import SpecPolicy, applying, current_policy
 from .ray import RAY_INTERNAL, ray_only_reason
 from .strict_json import loads_strict
 
-__all__ = ["load_spec_file", "merge", "parse"]
+__all__ = ["load_spec_file", "merge", "parse", "refresh"]
 
 
 def parse(
@@ -28,6 +30,7 @@ def parse(
     *,
     registry: PluginRegistry | None = None,
     policy: SpecPolicy | None = None,
+    reuse: Sequence[RuntimeEnvSpec] = (),
 ) -> RuntimeEnvSpec:
     """Validate ``data`` into a frozen spec.
 
@@ -37,7 +40,8 @@ def parse(
     is the dotted path of the offending value. ``policy`` says what the spec's sender may ask
     for (default: the policy in effect, ``TRUSTED`` unless an agent set another); it is
     applied before any plugin is imported. Parsing may read local files (hashing
-    ``working_dir``): call it in a thread from an event loop.
+    ``working_dir``): call it in a thread from an event loop. ``reuse``: specs whose field
+    identities may stand for equal fields of this one (see ``merge``).
     """
     if isinstance(data, RuntimeEnvSpec):
         return data
@@ -49,12 +53,12 @@ def parse(
         if isinstance(data, (str, os.PathLike)):
             path = Path(data)
             with base_dir(str(path.resolve().parent)):
-                return _parse_mapping(load_spec_file(path), registry, policy)
+                return _parse_mapping(load_spec_file(path), registry, policy, reuse)
         if not isinstance(data, Mapping):
             raise SpecError(
                 "", f"expected a mapping of fields or a file path, got {type(data).__name__}"
             )
-        return _parse_mapping(data, registry, policy)
+        return _parse_mapping(data, registry, policy, reuse)
 
 
 def check_plain(data: Any, max_depth: int) -> None:
@@ -107,7 +111,10 @@ def load_spec_file(path: Path) -> dict[str, Any]:
 
 
 def _parse_mapping(
-    data: Mapping[str, Any], registry: PluginRegistry, policy: SpecPolicy
+    data: Mapping[str, Any],
+    registry: PluginRegistry,
+    policy: SpecPolicy,
+    reuse: Sequence[RuntimeEnvSpec] = (),
 ) -> RuntimeEnvSpec:
     check_plain(data, policy.max_depth)
     for key in data:
@@ -160,27 +167,89 @@ def _parse_mapping(
         plugins[str(path)] = _call_plugin(plugin.validate, f"plugins.{path}", plugin_config)
 
     spec = RuntimeEnvSpec(fields=fields, plugins=plugins, config=config)
+    return _identified(spec, _identity(spec, registry, reuse))
+
+
+def _identified(spec: RuntimeEnvSpec, identity: dict[str, Any]) -> RuntimeEnvSpec:
     return RuntimeEnvSpec(
-        fields=spec.fields, plugins=spec.plugins, config=config, env_id=_env_id(spec, registry)
+        fields=spec.fields,
+        plugins=spec.plugins,
+        config=spec.config,
+        env_id=sha256_of(identity),
+        identity=MappingProxyType(identity),
     )
 
 
-def _env_id(spec: RuntimeEnvSpec, registry: PluginRegistry) -> str:
+def _identity(
+    spec: RuntimeEnvSpec, registry: PluginRegistry, reuse: Sequence[RuntimeEnvSpec] = ()
+) -> dict[str, Any]:
+    """Each field's identity. A field whose value is the same in a spec of ``reuse`` (with
+    the same ``excludes`` and ``config``, all a plugin's identity may read besides its
+    value) takes that spec's identity: a merge never walks an unchanged tree again."""
+    known = [
+        r for r in reuse if r.identity and r.excludes == spec.excludes and r.config == spec.config
+    ]
     identity: dict[str, Any] = {}
-    for name, value in spec.fields.items():
-        plugin = registry.for_field(name)
-        identity[name] = (
-            value
-            if plugin is None
-            else _call_plugin(plugin.identity, name, value, spec, nest=False)
-        )
-    for path, value in spec.plugins.items():
-        plugin = registry.by_path(path)
-        identity[f"plugins.{path}"] = _call_plugin(
-            plugin.identity, f"plugins.{path}", value, spec, nest=False
-        )
+    for key, value, plugin in _plugins_of(spec, registry):
+        earlier = [r.identity[key] for r in known if key in r.identity and _value(r, key) == value]
+        if earlier:
+            identity[key] = earlier[0]
+        elif plugin is None:
+            identity[key] = value
+        else:
+            identity[key] = _call_plugin(plugin.identity, key, value, spec, nest=False)
     identity["config.isolated"] = spec.config.isolated
-    return sha256_of(identity)
+    return identity
+
+
+def _plugins_of(
+    spec: RuntimeEnvSpec, registry: PluginRegistry
+) -> list[tuple[str, Any, RuntimeEnvPlugin | None]]:
+    """(identity key, value, plugin) of every field and out-of-tree plugin of ``spec``."""
+    out: list[tuple[str, Any, RuntimeEnvPlugin | None]] = [
+        (name, value, registry.for_field(name)) for name, value in spec.fields.items()
+    ]
+    out += [(f"plugins.{p}", v, registry.by_path(p)) for p, v in spec.plugins.items()]
+    return out
+
+
+def _value(spec: RuntimeEnvSpec, key: str) -> Any:
+    if key.startswith("plugins."):
+        return spec.plugins.get(key[len("plugins.") :], _ABSENT)
+    return spec.fields.get(key, _ABSENT)
+
+
+_ABSENT = object()
+
+
+def refresh(spec: RuntimeEnvSpec, *, registry: PluginRegistry | None = None) -> RuntimeEnvSpec:
+    """``spec`` with the content its local files have now: ``spec`` itself when nothing
+    changed, else the same fields under a new env id.
+
+    Who calls it: the executors, at every call, so that an edit to a module of a
+    ``working_dir`` is seen by the next call. Only fields whose plugin has
+    ``local_content`` are looked at again (a stat walk, from the stat cache); a source that
+    is gone (a driver may delete a directory it has already shipped) keeps its identity.
+    Blocking.
+    """
+    if not spec.identity:
+        return spec
+    registry = registry or default_registry()
+    if not spec.plugins and not any(
+        getattr(registry.for_field(name), "local_content", False) for name in spec.fields
+    ):
+        return spec  # the common case of a call without local code: no work at all
+    identity = dict(spec.identity)
+    for key, value, plugin in _plugins_of(spec, registry):
+        if plugin is None or not plugin.local_content:
+            continue
+        try:
+            identity[key] = plugin.refresh_identity(value, spec, identity.get(key))
+        except (SpecError, OSError):
+            continue  # gone or unreadable now: the content the env was made from stands
+    if identity == spec.identity:
+        return spec
+    return _identified(spec, identity)
 
 
 def _call_plugin(method: Callable[..., Any], field: str, *args: Any, nest: bool = True) -> Any:
@@ -326,7 +395,9 @@ def merge(
         for other in plugin.conflicts if plugin else ():
             if other not in right:
                 merged.pop(other, None)  # a per-call pip replaces the session's conda
-    return parse(merged, registry=registry)
+    # Fields that did not change keep their identity: no tree is walked again here.
+    reuse = [s for s in (override, base) if isinstance(s, RuntimeEnvSpec)]
+    return parse(merged, registry=registry, reuse=reuse)
 
 
 def _as_dict(

@@ -10,6 +10,10 @@ deliberately does not: an isolated env, or another Python whose stdlib must not 
 The resolved list enters the spec, so a changed ``sys.path`` gives another env id and a
 fresh pool: no worker ever runs with a stale path or stale imported modules. The pool it
 replaces drains (its running tasks finish) and closes, releasing its agent reference.
+
+Local code (``working_dir``, ``py_modules``) the same way: at every submit its trees are
+walked (a ``stat`` per file, from the stat cache; ``spec.refresh``), so the call after an
+edit runs in the env of the edited code; an unchanged tree is the same env and pool.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..context import EnvContext
-from ..spec import RuntimeEnvSpec, merge
+from ..spec import RuntimeEnvSpec, merge, refresh
 from .channel import driver_arena
 from .future import RemoteFuture, Task
 from .output import OutputTarget
@@ -154,7 +158,10 @@ class LocalExecutor(Executor):
             return  # shut down
         pool.prestart()
 
-    def _pool_for(self, spec: RuntimeEnvSpec) -> Pool:
+    def _pool_for(self, declared: RuntimeEnvSpec) -> Pool:
+        # The local code as it is now (a stat walk): an edit to a module of the working_dir
+        # gives a new env for this call, and the pool of the code before it drains.
+        spec = refresh(declared)
         paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
         key = (spec.env_id, paths)
         with self._lock:
@@ -163,13 +170,13 @@ class LocalExecutor(Executor):
             pool = self._pools.get(key)
             if pool is not None and not pool.closed:
                 return pool
-            superseded = self._pools.get(self._current.get(spec.env_id, key))
+            superseded = self._pools.get(self._current.get(declared.env_id, key))
             if superseded is pool:
                 superseded = None
             resolved = resolve_for_driver(spec, paths)
             pool = self._new_pool(resolved)
             self._pools[key] = pool
-            self._current[spec.env_id] = key
+            self._current[declared.env_id] = key
             for stale in [k for k, p in self._pools.items() if p.closed and k != key]:
                 del self._pools[stale]
         if superseded is not None:
