@@ -3,17 +3,17 @@
     .venv/bin/python benchmarks/bench_trees.py [--files N] [--mb M] [--reps R] [--json PATH]
 
 ``run.py`` measures W5 as a notebook sees it (the first task in a new env). This script
-times the same three cases and what they are made of, interleaved with their floors so that
-a loaded machine weighs on both alike:
+times the same cases and what they are made of, each repetition right after its floor, so
+that a loaded machine weighs on both alike:
 
-- ``W5 first``: a tree never seen (a new cache, a new stat cache), first task;
-  floor ``cp -r`` of the tree;
-- ``W5 unchanged`` / ``W5 one byte``: a new pool (a new worker) on an unchanged tree, and
-  after a one-byte change; floor a python start with cloudpickle;
+- ``W5 first``: a tree never seen (a new cache, the stat cache forgotten), first task;
+  floor ``cp -r`` of the tree, measured just before;
+- ``W5 unchanged`` / ``W5 one byte``: a new pool (so a new worker) on an unchanged tree, and
+  after a one-byte change; floor a python start with cloudpickle, measured just before;
 - ``hash first`` / ``hash again``: ``hash_tree`` of a tree never seen (storing its content),
-  and of the unchanged tree (the stat cache);
-- ``stat walk``: an ``os.walk`` plus one ``stat`` per file, the least an unchanged tree
-  can cost;
+  and of the unchanged tree;
+- ``stat walk``: ``os.walk`` plus one ``stat`` per file (what an unchanged tree costs
+  without a watch);
 - ``materialize``: laying out a new env's tree from the store (links).
 """
 
@@ -26,17 +26,21 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import cp_r, make_tree, progress, python_start, timed
-from ours import Ours
+import _common
+import cloudpickle
+from _common import change_one_byte, count_files, cp_r, make_tree, progress, python_start, timed
 
+import jupyter_runtimeenv as jre
+from jupyter_runtimeenv.agent import RuntimeEnvAgent
+from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.plugins import _hashing, _store
 
-
-def _median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
+cloudpickle.register_pickle_by_value(_common)
 
 
 def stat_walk(root: Path) -> float:
@@ -46,6 +50,32 @@ def stat_walk(root: Path) -> float:
                 os.stat(os.path.join(dirpath, name))
 
     return timed(walk)
+
+
+@contextmanager
+def agent(cache: Path) -> Iterator[EmbeddedClient]:
+    cache.mkdir(mode=0o700)
+    client = EmbeddedClient(RuntimeEnvAgent(cache))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def executor(client: EmbeddedClient) -> Iterator[None]:
+    ex = jre.LocalExecutor(acquire=client.acquire_sync, release=client.release_sync)
+    jre.init(executor=ex)
+    try:
+        yield
+    finally:
+        ex.shutdown()
+        jre.shutdown()
+
+
+def first_task(tree: Path) -> float:
+    env = {"working_dir": str(tree)}
+    return timed(lambda: jre.remote(count_files).options(runtime_env=env).remote().result(600))
 
 
 def main() -> None:
@@ -64,11 +94,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jre-bench-trees-") as name:
         tmp = Path(name)
         tree = make_tree(tmp / "tree", args.files, args.mb * 2**20)
-        progress(f"tree: {args.files} files, {args.mb} MB")
+        time.sleep(1.1)  # past the racy window of the files just written
+        progress(f"tree: {args.files} files, {args.mb} MB; parts")
         for i in range(args.reps):
             add("cp -r", cp_r(tree, tmp / "cp"))
             add("stat walk", stat_walk(tree))
-            cache = tmp / f"cache-{i}"
+            cache = tmp / f"parts-{i}"
             store = _store.blob_dir(cache)
             _hashing.forget_stat_cache()
             add("hash first", timed(lambda s=store: _hashing.hash_tree(tree, store=s)))
@@ -81,27 +112,44 @@ def main() -> None:
             )
             shutil.rmtree(target)
             shutil.rmtree(cache)
-        progress("W5 through the API")
-        ours = Ours(tmp / "ours", Path(tmp / "no-wheelhouse"), tree, {"wd": args.reps})
-        ours.tmp.mkdir()
-        ours.floors["W2b"] = {"median": statistics.median(python_start(args.reps))}
-        ours.w5()
-        for key in ("W5 first", "W5 unchanged", "W5 one byte"):
-            out[key] = [ours.results[key]["median"]]
-        out["python start"] = [ours.floors["W2b"]["median"]]
+        progress("W5 first, each after its cp -r")
+        for i in range(args.reps):
+            add("W5 first: cp -r", cp_r(tree, tmp / "cp"))
+            _hashing.forget_stat_cache()
+            with agent(tmp / f"first-{i}") as client, executor(client):
+                add("W5 first", first_task(tree))
+        progress("W5 unchanged / one byte, each after a python start")
+        with agent(tmp / "again") as client:
+            with executor(client):
+                first_task(tree)
+            for _ in range(args.reps):
+                add("W5 unchanged: python start", python_start(1)[0])
+                with executor(client):
+                    add("W5 unchanged", first_task(tree))
+            for _ in range(args.reps):
+                add("W5 one byte: python start", python_start(1)[0])
+                change_one_byte(tree)
+                with executor(client):
+                    add("W5 one byte", first_task(tree))
 
-    cp = statistics.median(out["cp -r"])
-    rows = [(key, _median_ms(v), statistics.median(v) / cp) for key, v in out.items()]
-    print("| part | median ms | / cp -r |\n|---|---|---|")
-    for key, ms, ratio in rows:
-        print(f"| {key} | {ms:.1f} | {ratio:.2f} |")
+    med = {key: statistics.median(v) for key, v in out.items()}
+    print("| part | median ms | floor | floor ms | ratio |\n|---|---|---|---|---|")
+    for key, value in med.items():
+        if ": " in key:
+            continue
+        floor_key = next((k for k in med if k.startswith(key + ": ")), "cp -r")
+        floor = med[floor_key]
+        label = floor_key.split(": ", 1)[-1]
+        print(
+            f"| {key} | {value * 1000:.1f} | {label} | {floor * 1000:.1f} | {value / floor:.2f} |"
+        )
     end = os.getloadavg()
     print(f"\nload average {load[0]:.1f} at start, {end[0]:.1f} at the end; {os.cpu_count()} cpus")
     if args.json:
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": [load[0], end[0]],
-            "median_s": {k: statistics.median(v) for k, v in out.items()},
+            "median_s": med,
         }
         args.json.write_text(json.dumps(data, indent=1))
 

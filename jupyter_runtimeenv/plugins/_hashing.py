@@ -21,14 +21,14 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
 from ..spec.patterns import PatternError, PatternList, check_list
-from . import _blobs, _statcache
+from . import _blobs, _statcache, _watch
 
 #: Never part of a working_dir or py_module, whatever the spec says.
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
@@ -120,7 +120,10 @@ def forget_stat_cache() -> None:
     """Forget every file's remembered hash: the next hash reads everything (a new kernel)."""
     _statcache.forget()
     with _trees_lock:
+        memos = list(_trees.values())
         _trees.clear()
+    for memo in memos:
+        _drop(memo)
 
 
 def hash_file(path: str, st: os.stat_result | None = None) -> str:
@@ -220,8 +223,20 @@ class _Walk:
     """The files of a tree after excludes, with their stats; counts bytes as it goes and
     stops at ``limit`` (``SpecError`` naming ``field`` and the largest files seen)."""
 
-    def __init__(self, root: str, limit: int | None, field: str, hint: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        limit: int | None,
+        field: str,
+        hint: str,
+        before_scan: Callable[[str], object] | None = None,
+    ) -> None:
         self.root = root
+        #: Called with each directory before it is read (a watch is added there first).
+        self.before_scan = before_scan
+        #: Whether a file was reached through a symlink or has other hard links: a change
+        #: to it can come through a path outside the tree (no event in the tree).
+        self.linked = False
         self.limit = limit
         self.field = field
         self.hint = hint
@@ -254,6 +269,8 @@ class _Walk:
 
     def walk(self, rel_dir: str, matchers: list[Matcher], prefix: str) -> None:
         dirpath = os.path.join(self.root, rel_dir) if rel_dir else self.root
+        if self.before_scan is not None:
+            self.before_scan(dirpath)
         gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
         if gitignore is not None:
             matchers = [*matchers, _matcher(rel_dir, gitignore)]
@@ -273,6 +290,8 @@ class _Walk:
                 continue  # a dangling symlink: nothing a worker could read
             if not stat.S_ISREG(st.st_mode):
                 continue  # sockets, fifos, symlinks to directories
+            if st.st_nlink > 1 or child.is_symlink():
+                self.linked = True
             self.file(f"{prefix}/{rel}" if prefix else rel, child.path, st)
 
 
@@ -300,20 +319,36 @@ def hash_tree(
     With ``store`` (a blob directory), content read here is stored there from the same read.
     """
     root = os.path.abspath(root)
+    memo_key = (root, tuple(excludes), prefix)
+    known = _trees.get(memo_key)
+    if known is not None and known.watch is not None and known.watch.unchanged():
+        return known.tree  # no event in any of its directories since it was walked
     started = time.time_ns()
-    walk = _Walk(root, limit, field, hint)
-    if os.path.isfile(root):
-        walk.file(prefix or os.path.basename(root), root, os.stat(root))
-    else:
-        check_list(excludes, "excludes")
-        walk.walk("", [_matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix)
+    watch = _watch.watch(root)
+    walk = _Walk(root, limit, field, hint, watch.add if watch is not None else None)
+    try:
+        if os.path.isfile(root):
+            if watch is not None:
+                watch.add(os.path.dirname(root))
+            st = os.stat(root)
+            walk.linked = st.st_nlink > 1 or os.path.islink(root)
+            walk.file(prefix or os.path.basename(root), root, st)
+        else:
+            check_list(excludes, "excludes")
+            walk.walk("", [_matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix)
+    except BaseException:
+        if watch is not None:
+            watch.close()
+        raise
+    if watch is not None and walk.linked:
+        watch.close()
+        watch = None
     found = walk.found
     # The same files with the same stats as last time: the same tree, nothing to build.
-    memo_key = (root, tuple(excludes), prefix)
     signature = walk.signature
-    known = _trees.get(memo_key)
-    if known is not None and known[0] == signature:
-        return known[1]
+    if known is not None and known.signature == signature:
+        _remember(memo_key, _Memo(signature, known.tree, watch))
+        return known.tree
     blobs = None if store is None else str(store)
     shas = _hash_all(found, blobs)
     entries = tuple(
@@ -322,18 +357,40 @@ def hash_tree(
     )
     tree = Tree(_digest(entries), entries)
     if all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st in found):
-        with _trees_lock:
-            if len(_trees) >= _TREES_MAX:
-                _trees.pop(next(iter(_trees)))
-            _trees[memo_key] = (signature, tree)
+        _remember(memo_key, _Memo(signature, tree, watch))
+    elif watch is not None:
+        watch.close()  # a file just changed may change again unseen: walk next time
     return tree
 
 
+@dataclass
+class _Memo:
+    """The last tree hashed at a root: the (path, stat key) of each of its files, and the
+    watch on its directories (None: walk and compare the signature)."""
+
+    signature: list[tuple[str, _statcache.Key]]
+    tree: Tree
+    watch: _watch.Watch | None
+
+
 _TREES_MAX = 64
-# The last tree hashed per (root, excludes, prefix), with the (path, stat key) of each of
-# its files: a walk that finds exactly those identifies the tree without a lookup per file.
-_trees: dict[tuple[str, tuple[str, ...], str], tuple[list[tuple[str, _statcache.Key]], Tree]] = {}
+_trees: dict[tuple[str, tuple[str, ...], str], _Memo] = {}
 _trees_lock = threading.Lock()
+
+
+def _remember(key: tuple[str, tuple[str, ...], str], memo: _Memo) -> None:
+    with _trees_lock:
+        old = _trees.pop(key, None)
+        if len(_trees) >= _TREES_MAX:
+            _drop(_trees.pop(next(iter(_trees))))
+        _trees[key] = memo
+    if old is not None and old.watch is not memo.watch:
+        _drop(old)
+
+
+def _drop(memo: _Memo) -> None:
+    if memo.watch is not None:
+        memo.watch.close()
 
 
 def _hash_all(found: list[_Found], store: str | None) -> list[str]:

@@ -1,0 +1,136 @@
+"""An unchanged tree is known without a walk (inotify), and every kind of change is seen
+(issue 19 item 2, issue 20 item 8). Where inotify cannot be trusted the tree is walked."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_runtimeenv.plugins import _hashing, _statcache, _watch
+
+pytestmark = pytest.mark.skipif(
+    _watch.watch("/tmp") is None, reason="inotify is not available here (the walk is tested)"
+)
+
+
+@pytest.fixture
+def scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The directories ``_hashing`` lists from now on (files just written count as settled)."""
+    monkeypatch.setattr(_statcache, "RACY_NS", 0)
+    _hashing.forget_stat_cache()
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: Any) -> Any:
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(_hashing.os, "scandir", counting)
+    return listed
+
+
+def tree(root: Path) -> Path:
+    for rel in ("a.py", "pkg/b.py", "pkg/sub/c.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    return root
+
+
+def edit_keeping_size_and_mtime(path: Path) -> None:
+    st = path.stat()
+    text = path.read_text()
+    path.write_text(text[::-1])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+CHANGES: list[tuple[str, Callable[[Path], object]]] = [
+    ("edit in place", lambda r: (r / "pkg" / "b.py").write_text("changed")),
+    ("same size and mtime", lambda r: edit_keeping_size_and_mtime(r / "pkg" / "sub" / "c.txt")),
+    ("new file deep", lambda r: (r / "pkg" / "sub" / "new.py").write_text("n")),
+    ("delete", lambda r: (r / "a.py").unlink()),
+    ("rename", lambda r: (r / "a.py").rename(r / "pkg" / "a2.py")),
+    ("chmod", lambda r: os.chmod(r / "a.py", 0o755)),
+    ("new dir with a file", lambda r: _new_dir(r)),
+    (".gitignore", lambda r: (r / ".gitignore").write_text("pkg/\n")),
+]
+
+
+def _new_dir(root: Path) -> None:
+    (root / "fresh").mkdir()
+    (root / "fresh" / "x.py").write_text("x")
+
+
+def test_an_unchanged_tree_is_not_walked(tmp_path: Path, scans: list[str]) -> None:
+    root = tree(tmp_path / "t")
+    first = _hashing.hash_tree(root)
+    assert scans  # walked once
+    scans.clear()
+    for _ in range(3):
+        assert _hashing.hash_tree(root) is first
+    assert scans == []
+
+
+@pytest.mark.parametrize(("what", "change"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_every_change_is_seen(
+    tmp_path: Path, scans: list[str], what: str, change: Callable[[Path], object]
+) -> None:
+    root = tree(tmp_path / "t")
+    before = _hashing.hash_tree(root).digest
+    change(root)
+    after = _hashing.hash_tree(root)
+    assert after.digest != before, what
+    assert _hashing.hash_tree(root) is after  # and then still no walk
+
+
+def test_symlinked_and_hard_linked_files_are_walked_every_time(
+    tmp_path: Path, scans: list[str]
+) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_text("1")
+    root = tree(tmp_path / "t")
+    (root / "link.py").symlink_to(outside)
+    before = _hashing.hash_tree(root).digest
+    outside.write_text("2")  # no event in the tree: it is walked
+    assert _hashing.hash_tree(root).digest != before
+
+    other = tree(tmp_path / "u")
+    os.link(tmp_path / "outside.py", other / "hard.py")
+    before = _hashing.hash_tree(other).digest
+    (tmp_path / "outside.py").write_text("3")  # written through the other link
+    assert _hashing.hash_tree(other).digest != before
+
+
+def test_not_a_local_file_system_walks(
+    tmp_path: Path, scans: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_watch, "local_fs", lambda _path: False)
+    root = tree(tmp_path / "t")
+    _hashing.hash_tree(root)
+    scans.clear()
+    _hashing.hash_tree(root)
+    assert scans  # walked: a network mount changes behind the kernel's back
+
+
+def test_an_overflowing_queue_makes_the_next_hash_walk(tmp_path: Path, scans: list[str]) -> None:
+    root = tree(tmp_path / "t")
+    _hashing.hash_tree(root)
+    watcher = _watch._watcher()
+    assert watcher is not None
+    watcher._dispatch(_watch._EVENT.pack(-1, _watch._IN_Q_OVERFLOW, 0, 0))
+    scans.clear()
+    _hashing.hash_tree(root)
+    assert scans
+
+
+def test_mountinfo_is_read_with_escaped_names() -> None:
+    lines = [
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+        r"40 22 0:35 / /mnt/my\040share rw - nfs4 server:/x rw",
+        "41 22 0:36 / /mnt/fuse rw - fuse.sshfs host: rw",
+    ]
+    mounts = _watch.parse_mountinfo(lines)
+    assert mounts == {"/": "ext4", "/mnt/my share": "nfs4", "/mnt/fuse": "fuse.sshfs"}
