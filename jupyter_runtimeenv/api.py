@@ -130,11 +130,13 @@ class RemoteFunction(Generic[P, R]):
         retries: int = 0,
         *,
         env_name: str | None = None,
+        files_out: Sequence[str] = (),
     ) -> None:
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         self._function = function
         self._retries = retries
+        self._files_out = _check_files_out(files_out)
         #: The named env the overrides merge over (``None``: the session default).
         self._env_name = env_name
         if isinstance(runtime_env, str):
@@ -157,18 +159,30 @@ class RemoteFunction(Generic[P, R]):
         """Run the function in its environment; returns at once."""
         executor = _executor()
         name = getattr(self._function, "__name__", "task")
-        # Only executors that can lose a node (Dask) take ``retries``.
+        # Only executors that can lose a node (Dask) take ``retries``; executors of ours
+        # take ``files_out`` (passed when given, so that other executors keep working).
         extra: dict[str, Any] = {"retries": self._retries} if self._retries else {}
+        if self._files_out:
+            extra["files_out"] = self._files_out
         return executor.submit(
             self._function, args, kwargs, runtime_env=self._effective_env(), name=name, **extra
         )
 
     def options(
-        self, *, runtime_env: EnvRef | None = None, retries: int | None = None
+        self,
+        *,
+        runtime_env: EnvRef | None = None,
+        retries: int | None = None,
+        files_out: Sequence[str] | None = None,
     ) -> RemoteFunction[P, R]:
         """The same function with ``runtime_env`` merged over this one's (and ``retries``);
-        a name selects that named env as the base instead of the session default."""
-        if runtime_env is None and retries is None:
+        a name selects that named env as the base instead of the session default.
+
+        ``files_out``: gitignore-style patterns (``["results.csv"]``, ``["*.png", "out/"]``)
+        of the files a call writes in its working directory to copy back beside the notebook
+        before its result is returned. The files a call writes there are listed in one line
+        of its output either way: its working directory is its env's own copy."""
+        if runtime_env is None and retries is None and files_out is None:
             return self
         env, name = self._runtime_env, self._env_name
         if isinstance(runtime_env, str):
@@ -176,7 +190,8 @@ class RemoteFunction(Generic[P, R]):
         elif runtime_env is not None:
             env = _merged(self._runtime_env, _as_spec(runtime_env))
         again = self._retries if retries is None else retries
-        return RemoteFunction(self._function, env, again, env_name=name)
+        patterns = self._files_out if files_out is None else files_out
+        return RemoteFunction(self._function, env, again, env_name=name, files_out=patterns)
 
     def _effective_env(self) -> RuntimeEnvSpec:
         memo, generation = self._memo, session.generation()
@@ -336,6 +351,19 @@ def _merged(base: RuntimeEnvSpec | None, override: RuntimeEnvSpec | None) -> Run
     if base is None and override is not None:
         return override
     return merge(base, override)
+
+
+def _check_files_out(patterns: Sequence[str]) -> tuple[str, ...]:
+    """``files_out`` as a tuple; ``ValueError`` naming it for anything but pattern strings."""
+    if isinstance(patterns, str):
+        patterns = [patterns]  # one pattern given bare
+    out = tuple(patterns)
+    for pattern in out:
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ValueError(
+                f"files_out: expected gitignore-style pattern strings, got {pattern!r}"
+            )
+    return out
 
 
 def _as_spec(value: EnvLike) -> RuntimeEnvSpec:

@@ -166,6 +166,7 @@ class DaskExecutor(ClusterExecutor):
         runtime_env: RuntimeEnvSpec,
         name: str,
         retries: int = 0,
+        files_out: Sequence[str] = (),
     ) -> ClusterFuture:
         future = ClusterFuture(name, self)
         task_id = next(_task_ids)

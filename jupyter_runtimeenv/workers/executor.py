@@ -30,7 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..context import EnvContext
+from ..plugins._sources import TREES_VAR
 from ..spec import RuntimeEnvSpec, merge, refresh
+from . import files
 from .channel import driver_arena
 from .future import RemoteFuture, Task
 from .output import OutputTarget
@@ -51,11 +53,15 @@ class Executor(abc.ABC):
         runtime_env: RuntimeEnvSpec,
         name: str,
         retries: int = 0,
+        files_out: Sequence[str] = (),
     ) -> RemoteFuture[Any]:
         """Start the call; errors of the call itself are delivered through the future.
 
         ``retries``: how many more times the call may run if the node running it is lost
         (an executor with nodes, like Dask's; the local one has none to lose).
+        ``files_out``: gitignore-style patterns of files the call writes in its working
+        directory to copy back beside the caller (its working directory) before the future
+        is settled; the files it wrote are listed either way (``future.files``).
         """
 
     @abc.abstractmethod
@@ -130,15 +136,21 @@ class LocalExecutor(Executor):
         runtime_env: RuntimeEnvSpec,
         name: str,
         retries: int = 0,
+        files_out: Sequence[str] = (),
     ) -> RemoteFuture[Any]:
         future: RemoteFuture[Any] = RemoteFuture(name)
         # Pickled now (an unpicklable argument raises here); large buffers are copied into
         # shared memory now, so changing an argument after .remote() changes nothing.
         call = prepare_call(0, function, args, kwargs, name, driver_arena())
         task = Task.of(call, future, OutputTarget.capture(name))
+        here = os.getcwd()  # beside the notebook: where files_out go
+        chosen: list[Pool] = []
+        future.add_finisher(lambda: _report_files(chosen[-1], task, files_out, here))
         try:
-            while not self._pool_for(runtime_env).submit(task):
-                pass  # that pool began closing (idle, or superseded) just now: take the next
+            while True:
+                chosen.append(self._pool_for(runtime_env))
+                if chosen[-1].submit(task):
+                    break  # else that pool began closing (idle, superseded): take the next
         except KeyboardInterrupt:
             future.cancel()  # queued already, perhaps, but nobody would hold its future
             raise
@@ -192,7 +204,7 @@ class LocalExecutor(Executor):
             client = get_client()
             acquire = acquire or client.acquire_sync
             release = release or client.release_sync
-        get, drop = acquire, release
+        get, drop = _watching_trees(acquire), release
         return Pool(
             lambda: get(spec, holder),
             lambda ctx: drop(ctx.env_id, holder),
@@ -204,6 +216,33 @@ class LocalExecutor(Executor):
             pipeline_depth=self.pipeline_depth,
             learn_imports=self.learn_imports,
         )
+
+
+def _watching_trees(acquire: AcquireFn) -> AcquireFn:
+    """``acquire``, then the env's working directory is looked at (``files.changes_in``)
+    before any of its tasks runs, so that what they write there can be told."""
+
+    def get(spec: RuntimeEnvSpec, holder: str) -> EnvContext:
+        ctx = acquire(spec, holder)
+        if ctx.cwd and TREES_VAR in ctx.env_vars:
+            files.changes_in(ctx.cwd)
+        return ctx
+
+    return get
+
+
+def _report_files(pool: Pool, task: Task, files_out: Sequence[str], here: str) -> None:
+    """After a task (before its future settles): list what it wrote in its working
+    directory in one line of its output, and copy back what ``files_out`` selects."""
+    ctx = pool.ctx
+    if ctx is None or not ctx.cwd or TREES_VAR not in ctx.env_vars:
+        return
+    written = files.changes_in(ctx.cwd).take()
+    if written and files_out:
+        written = files.copy_back(written, files_out, here)
+    task.future.files = written
+    if written:
+        task.output.write(1, f"({task.name}) {written.line()}\n")
 
 
 def _close_pools(pools: dict[Any, Pool]) -> None:

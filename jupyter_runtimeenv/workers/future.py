@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from .serialize import Call, unpack_call
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
 _task_ids = itertools.count(1)
 #: How often a task is handed to a worker that dies before reading it, before it fails.
 MAX_DELIVERIES = 3
@@ -37,6 +39,10 @@ class RemoteFuture(Future[T]):
         self._started = False
         self._probe: Callable[[], bool] | None = None
         self._cancel_hook: Callable[[RemoteFuture[Any]], None] | None = None
+        self._finishers: list[Callable[[], None]] = []
+        #: The files the task wrote in its working directory, and those copied back
+        #: (``workers.files.FilesWritten``), once it ended; None where there is no tree.
+        self.files: Any = None
 
     def __repr__(self) -> str:
         state = "running" if self.running() else super().__repr__().split(" state=")[-1][:-1]
@@ -91,15 +97,33 @@ class RemoteFuture(Future[T]):
     def set_cancel_hook(self, hook: Callable[[RemoteFuture[Any]], None]) -> None:
         self._cancel_hook = hook
 
+    def add_finisher(self, finish: Callable[[], None]) -> None:
+        """Run ``finish`` once the task has ended, before its outcome is visible (in the
+        thread that settles it): the executor lists and copies back the files it wrote, so
+        they are there when ``result()`` returns. Not run for a cancelled task."""
+        self._finishers.append(finish)
+
     def settle_result(self, value: Any) -> None:
+        self._finish()
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: the canceller won
             self.set_result(value)
         self._cancel_hook = self._probe = None  # they hold the task: let it go
 
     def settle_exception(self, error: BaseException) -> None:
+        self._finish()
         with contextlib.suppress(InvalidStateError):
             self.set_exception(error)
         self._cancel_hook = self._probe = None
+
+    def _finish(self) -> None:
+        finishers, self._finishers = self._finishers, []
+        if self.cancelled():
+            return
+        for finish in finishers:
+            try:
+                finish()
+            except Exception:  # the task's outcome matters more than its files' report
+                log.warning("after task %s", self.name, exc_info=True)
 
 
 class Task:

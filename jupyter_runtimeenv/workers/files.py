@@ -1,0 +1,266 @@
+"""Files a task writes in its working directory: which, and copies of them next to the notebook.
+
+Who calls it: the executors (``LocalExecutor`` in this process, the Dask node agent on its
+node) after each task of an env that has a ``working_dir``, before the task's future is
+settled. Blocking (a few ``stat`` calls; copies when asked).
+
+A task's working directory is its env's own copy of the ``working_dir`` (see
+``workers/_cow.py``): what it writes there stays there, which surprises whoever wrote
+``df.to_csv("results.csv")`` in a cell moved to a worker. So after each task the files
+created or changed there since the previous look are listed (one line in the task's output),
+and those matching ``files_out`` patterns (gitignore-style, ``*.csv``, ``out/``) are copied
+back beside the notebook (the submitting process's working directory), by content.
+
+``TreeChanges`` knows what changed from inotify events on the tree's directories (a task that
+writes nothing costs one non-blocking read), else from a walk: names it had not seen are
+created; files no longer shared with the content store (a write makes a private copy) whose
+ctime moved since the last look are changed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..plugins import _watch
+from ..plugins._hashing import DEFAULT_EXCLUDES
+from ..spec.patterns import PatternList
+
+_IN_ISDIR = 0x40000000
+_DIR_ADDED = 0x100 | 0x80  # IN_CREATE | IN_MOVED_TO
+#: Directories never reported or descended into (Python's own, checkpoints, VCS).
+_SKIP_DIRS = frozenset(d.rstrip("/") for d in DEFAULT_EXCLUDES)
+_TICK_NS = 20_000_000
+#: How many names the one-line report shows before "and N more".
+SHOWN = 8
+
+__all__ = ["SHOWN", "FilesWritten", "TreeChanges", "changes_in", "copy_back"]
+
+
+@dataclass(frozen=True)
+class FilesWritten:
+    """What one task left in its working directory (paths relative to it)."""
+
+    directory: str
+    created: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    #: The files copied back, and where to.
+    copied: tuple[str, ...] = ()
+    destination: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.created or self.changed)
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        return tuple(sorted({*self.created, *self.changed}))
+
+    def line(self) -> str:
+        """One line for the task's output: what it wrote, what came back, how to get the rest."""
+        written = self.written
+        shown = ", ".join(written[:SHOWN]) + (
+            f" and {len(written) - SHOWN} more" if len(written) > SHOWN else ""
+        )
+        if self.copied:
+            rest = len(written) - len(self.copied)
+            tail = f"; {rest} more stayed there" if rest > 0 else ""
+            where = self.destination or "."
+            return f"wrote {shown} in its working dir; copied {len(self.copied)} to {where}{tail}"
+        return (
+            f"wrote {shown} in its env's copy of the working dir, not beside the notebook"
+            " (files_out=[patterns] or %%remote --files-out PATTERN copies them back)"
+        )
+
+
+class TreeChanges:
+    """The files of one tree that changed between two ``take()`` calls."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self._lock = threading.Lock()
+        # Events arrive from whichever thread reads the process's inotify queue.
+        self._events_lock = threading.Lock()
+        self._names: set[str] = set()
+        self._touched: set[str] = set()
+        self._new_dirs: set[str] = set()
+        self._gone_dirs: set[str] = set()
+        self._since = time.time_ns() - _TICK_NS
+        self._watch = _watch.watch(self.root, self._event)
+        self._names = set(self._scan("", arm=self._watch is not None))
+
+    def take(self) -> FilesWritten:
+        """What changed since the last call (or since this object was made)."""
+        with self._lock:
+            if self._watch is not None:
+                self._watch.poll()
+            if self._watch is not None and self._watch.usable:
+                return self._from_events()
+            return self._from_walk()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+
+    # -- events -------------------------------------------------------------------------
+
+    def _event(self, directory: str, name: str, mask: int) -> None:
+        if name in _SKIP_DIRS or ".jre-cow-" in name or not name:
+            return
+        rel = os.path.relpath(os.path.join(directory, name), self.root)
+        with self._events_lock:
+            if mask & _IN_ISDIR:
+                (self._new_dirs if mask & _DIR_ADDED else self._gone_dirs).add(rel)
+            else:
+                self._touched.add(rel)
+
+    def _from_events(self) -> FilesWritten:
+        with self._events_lock:
+            touched, self._touched = self._touched, set()
+            gone, self._gone_dirs = self._gone_dirs, set()
+            new, self._new_dirs = self._new_dirs, set()
+        for rel in gone:
+            touched.update(n for n in self._names if n.startswith(rel + "/"))
+        for rel in new:
+            touched.update(self._scan(rel, arm=True))
+        created, changed, deleted = [], [], []
+        for rel in touched:
+            now = _is_file(os.path.join(self.root, rel))
+            before = rel in self._names
+            if now and not before:
+                created.append(rel)
+                self._names.add(rel)
+            elif now:
+                changed.append(rel)
+            elif before:
+                deleted.append(rel)
+                self._names.discard(rel)
+        return FilesWritten(
+            self.root, tuple(sorted(created)), tuple(sorted(changed)), tuple(sorted(deleted))
+        )
+
+    # -- walks --------------------------------------------------------------------------
+
+    def _scan(self, rel_dir: str, *, arm: bool) -> list[str]:
+        """The files below ``rel_dir``; with ``arm``, each directory is watched before it is
+        listed (a file written after the listing is an event)."""
+        found: list[str] = []
+        stack = [rel_dir]
+        while stack:
+            current = stack.pop()
+            path = os.path.join(self.root, current) if current else self.root
+            if arm and self._watch is not None and not self._watch.add(path):
+                arm = False  # no watch left: the walk takes over (``usable`` is False)
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue
+            for entry in entries:
+                rel = f"{current}/{entry.name}" if current else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in _SKIP_DIRS:
+                        stack.append(rel)
+                elif ".jre-cow-" not in entry.name and entry.is_file(follow_symlinks=False):
+                    found.append(rel)
+        return found
+
+    def _from_walk(self) -> FilesWritten:
+        # File times come from the kernel's coarse clock, up to a tick behind this one: a
+        # write just after the last look may carry a ctime a little before it.
+        started = time.time_ns() - _TICK_NS
+        now = set(self._scan("", arm=False))
+        created = sorted(now - self._names)
+        changed = []
+        for rel in sorted(now & self._names):
+            try:
+                st = os.lstat(os.path.join(self.root, rel))
+            except OSError:
+                continue
+            # Still linked to the store: nobody wrote it (a write makes a private copy).
+            if st.st_nlink == 1 and st.st_ctime_ns >= self._since:
+                changed.append(rel)
+        deleted = sorted(self._names - now)
+        self._names, self._since = now, started
+        return FilesWritten(self.root, tuple(created), tuple(changed), tuple(deleted))
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+_trees: dict[str, TreeChanges] = {}
+_trees_lock = threading.Lock()
+
+
+def changes_in(root: str) -> TreeChanges:
+    """The process's ``TreeChanges`` of the tree at ``root`` (made, and its state taken, at
+    the first call: call it before the env's first task)."""
+    root = os.path.abspath(root)
+    with _trees_lock:
+        found = _trees.get(root)
+        if found is None:
+            found = _trees[root] = TreeChanges(root)
+            while len(_trees) > 256:  # envs come and go in a long session
+                _trees.pop(next(iter(_trees))).close()
+        return found
+
+
+def matching(rels: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """The paths of ``rels`` that gitignore-style ``patterns`` select (``*.csv``: at any
+    depth; ``out/``: all below ``out``; ``/a.txt``: at the top only)."""
+    selector = PatternList.from_lines(patterns)
+    out = []
+    for rel in rels:
+        parts = rel.split("/")
+        dirs = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        if selector.match(rel, False) or any(selector.match(d, True) for d in dirs):
+            out.append(rel)
+    return out
+
+
+def copy_back(written: FilesWritten, patterns: Sequence[str], destination: str) -> FilesWritten:
+    """Copy the written files that ``patterns`` select from the task's working directory to
+    ``destination`` (same relative paths; each replaced whole, never half-written)."""
+    chosen = matching(written.written, patterns)
+    for rel in chosen:
+        _copy_file(os.path.join(written.directory, rel), os.path.join(destination, rel))
+    return FilesWritten(
+        written.directory,
+        written.created,
+        written.changed,
+        written.deleted,
+        tuple(chosen),
+        destination,
+    )
+
+
+def _copy_file(source: str, dest: str) -> None:
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    tmp = f"{dest}.{uuid.uuid4().hex[:8]}.part"
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(src)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst, view) :]
+            os.fchmod(dst, stat.S_IMODE(st.st_mode) | 0o200)
+        finally:
+            os.close(dst)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(src)
