@@ -168,6 +168,8 @@ class DaskExecutor(ClusterExecutor):
         retries: int = 0,
         files_out: Sequence[str] = (),
     ) -> ClusterFuture:
+        if files_out:
+            raise WorkerError("files_out is not available on a Dask cluster yet")
         future = ClusterFuture(name, self)
         task_id = next(_task_ids)
         payload = dump_call(task_id, function, args, kwargs, name)  # may raise at once
