@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.cache import default_cache_dir
 from ..errors import BrokenWorker, RuntimeEnvError, WorkerError
 from ..spec import RuntimeEnvSpec
+from ..workers import files
 from ..workers.cluster import ClusterBuild, ClusterExecutor, ClusterFuture, NodeView
 from ..workers.output import OutputTarget
 from ..workers.serialize import dump_call, load_outcome
@@ -79,6 +81,11 @@ class _Pending:
     received: int = 0
     settled: bool = False
     restaged: int = 0
+    #: ``files_out`` patterns, where they go (the submitter's working directory), and what
+    #: the call wrote (``FilesWritten``) once it is known.
+    files_out: tuple[str, ...] = ()
+    here: str = ""
+    files: Any = None
 
 
 class DaskExecutor(ClusterExecutor):
@@ -168,8 +175,6 @@ class DaskExecutor(ClusterExecutor):
         retries: int = 0,
         files_out: Sequence[str] = (),
     ) -> ClusterFuture:
-        if files_out:
-            raise WorkerError("files_out is not available on a Dask cluster yet")
         future = ClusterFuture(name, self)
         task_id = next(_task_ids)
         payload = dump_call(task_id, function, args, kwargs, name)  # may raise at once
@@ -181,6 +186,8 @@ class DaskExecutor(ClusterExecutor):
             payload,
             code_files(function),
             retries,
+            files_out=tuple(files_out),
+            here=os.getcwd(),  # beside the notebook: where files_out go
         )
         env = self._staging.env_for(runtime_env)
         self._pending[task_id] = pending
@@ -318,6 +325,7 @@ class DaskExecutor(ClusterExecutor):
                 pending.name,
                 self.topic,
                 pending.task_id,
+                list(pending.files_out) or None,
                 key=pending.key,
                 pure=False,
                 workers=preferred,
@@ -349,8 +357,10 @@ class DaskExecutor(ClusterExecutor):
         pending.dask = None
         dask_future.release()
         if status == "finished":
-            kind, data, count, node = answer
+            kind, data, count, node, written = answer
             pending.future.node = node
+            if written is not None:  # copy back what files_out selects, before settling
+                pending.files = await asyncio.to_thread(self._files_back, pending, node, written)
             with self._staging.lock:
                 env.ready.add(node)
             pending.outcome, pending.expected = (kind, data), count
@@ -384,11 +394,40 @@ class DaskExecutor(ClusterExecutor):
         elif not pending.future.done():
             self._fail(pending, BrokenWorker(f"{pending.name}: Dask cancelled the task"))
 
+    def _files_back(self, pending: _Pending, node: str, report: dict[str, Any]) -> Any:
+        """What the call wrote on ``node``; the files ``files_out`` selected fetched by content
+        (the blobs this driver's store lacks, from that node, sha256-checked) and copied
+        beside the notebook. Blocking (a thread); a failure is told in the task's line."""
+        from .node_blobs import store_blobs
+        from .node_ops import node_blobs_of
+
+        written = files.FilesWritten.from_json(report)
+        listing = report.get("listing") or []
+        if not listing:
+            return written
+        store = self._staging.store_root
+        try:
+            lacking = files.lacking(listing, store)
+            if lacking:
+                got = self.client.run(node_blobs_of, lacking, workers=[node]).get(node, {})
+                refused = set(store_blobs(store, got))
+                missing = [n for n in lacking if n not in got or n in refused]
+                if missing:
+                    raise WorkerError(f"{len(missing)} file(s) did not arrive intact from {node}")
+            copied = files.place(listing, store, pending.here)
+        except Exception as exc:
+            return files.with_copies(written, (), pending.here, error=str(exc))
+        return files.with_copies(written, copied, pending.here)
+
     def _settle(self, pending: _Pending) -> None:
         if pending.settled or pending.outcome is None:
             return
         pending.settled = True
         self._pending.pop(pending.task_id, None)
+        if pending.files is not None:
+            pending.future.files = pending.files
+            if pending.files:
+                pending.target.write(1, f"({pending.name}) {pending.files.line()}\n")
         kind, data = pending.outcome
         try:
             value = load_outcome(kind, data, pending.task_id, pending.name, pending.sources)

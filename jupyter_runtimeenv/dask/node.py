@@ -35,6 +35,7 @@ from ..client import LoopThread
 from ..context import EnvContext
 from ..errors import BuildError, WorkerError
 from ..spec import RuntimeEnvSpec
+from ..workers import files
 from ..workers.pool import Pool
 from . import node_blobs
 from .node_staging import NodeStaging
@@ -271,6 +272,7 @@ class NodeAgent:
             with self.staging.busy():
                 ctx = thread.run(agent.get_or_create(spec, holder))
             self.staging.linked(token, ctx.env_id)
+            files.arm(ctx)  # what its tasks write in their working directory can be told
             return ctx
 
         def release(ctx: EnvContext) -> None:

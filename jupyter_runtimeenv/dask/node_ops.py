@@ -11,6 +11,7 @@ tagged with the task.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextvars
 import sys
@@ -20,6 +21,7 @@ from distributed import get_worker
 from distributed.worker import Worker
 
 from ..errors import BuildError, WorkerError
+from ..workers import files
 from ..workers.future import RemoteFuture, Task
 from ..workers.output import OutputTarget
 from . import node_report
@@ -42,12 +44,21 @@ class NodeOutput(OutputTarget):
 
 
 def run_task(
-    owner: str, token: str, payload: bytes, name: str, topic: str, task_id: int
-) -> tuple[int, bytes, int, str]:
+    owner: str,
+    token: str,
+    payload: bytes,
+    name: str,
+    topic: str,
+    task_id: int,
+    files_out: list[str] | None = None,
+) -> tuple[int, bytes, int, str, dict[str, Any] | None]:
     """A Dask task: run one call in a worker of this node's pool for ``token``.
 
-    Returns ``(frame kind, outcome bytes, output events sent, this node)``; the driver
-    unpickles the outcome. ``BuildError``/``WorkerError`` name this node.
+    Returns ``(frame kind, outcome bytes, output events sent, this node, files)``; the
+    driver unpickles the outcome. ``files`` (None without a working_dir): what the call
+    wrote in its working directory (``FilesWritten.to_json``), and under ``"listing"`` the
+    files ``files_out`` selects, stored in this node's blob store for the driver to fetch.
+    ``BuildError``/``WorkerError`` name this node.
     """
     worker = get_worker()
     node = _node_of(worker, token)
@@ -57,7 +68,7 @@ def run_task(
     task = Task(payload, future, output, raw=True)
     key = worker.get_current_task()
     try:
-        while not node.pool_for(owner, token).submit(task):
+        while not (pool := node.pool_for(owner, token)).submit(task):
             pass  # that pool began closing just now: take the next one
         while True:
             try:
@@ -71,7 +82,17 @@ def run_task(
         raise on_node(exc, str(worker.address)) from None
     except WorkerError as exc:
         raise type(exc)(f"on Dask worker {worker.address}: {exc}") from None
-    return kind, data, output.count, str(worker.address)
+    return kind, data, output.count, str(worker.address), _files(pool, files_out, node)
+
+
+def _files(pool: Any, patterns: list[str] | None, node: NodeAgent) -> dict[str, Any] | None:
+    written = files.take(pool.ctx)
+    if written is None:
+        return None
+    report = written.to_json()
+    if patterns and written:
+        report["listing"] = files.store_selected(written, patterns, node.cache_root)
+    return report
 
 
 def _node_of(worker: Worker, token: str) -> NodeAgent:
@@ -128,6 +149,14 @@ async def node_build(
 
 async def node_prestart(owner: str, token: str, dask_worker: Worker) -> bool:
     return await agent_of(dask_worker).prestart(owner, token)
+
+
+async def node_blobs_of(names: list[str], dask_worker: Worker) -> dict[str, bytes]:
+    """This node's blobs of ``names`` (files a task wrote, for the driver's ``files_out``)."""
+    from .node_blobs import read_blobs
+
+    node = agent_of(dask_worker)
+    return await asyncio.to_thread(read_blobs, node.cache_root, list(names[:10_000]))
 
 
 async def node_info(dask_worker: Worker) -> dict[str, Any]:

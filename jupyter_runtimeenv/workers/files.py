@@ -25,10 +25,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from ..plugins import _watch
-from ..plugins._hashing import DEFAULT_EXCLUDES
+from ..context import EnvContext
+from ..plugins import _blobs, _watch
+from ..plugins._hashing import DEFAULT_EXCLUDES, blob_name, hash_tree
+from ..plugins._sources import TREES_VAR
+from ..plugins._store import blob_dir, blob_path
 from ..spec.patterns import PatternList
 
 _IN_ISDIR = 0x40000000
@@ -39,7 +44,17 @@ _TICK_NS = 20_000_000
 #: How many names the one-line report shows before "and N more".
 SHOWN = 8
 
-__all__ = ["SHOWN", "FilesWritten", "TreeChanges", "changes_in", "copy_back"]
+__all__ = [
+    "SHOWN",
+    "FilesWritten",
+    "TreeChanges",
+    "arm",
+    "changes_in",
+    "copy_back",
+    "place",
+    "store_selected",
+    "take",
+]
 
 
 @dataclass(frozen=True)
@@ -50,12 +65,30 @@ class FilesWritten:
     created: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
-    #: The files copied back, and where to.
+    #: The files copied back, and where to; why they could not be.
     copied: tuple[str, ...] = ()
     destination: str = ""
+    error: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.created or self.changed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": self.directory,
+            "created": list(self.created),
+            "changed": list(self.changed),
+            "deleted": list(self.deleted),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FilesWritten:
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(str(n) for n in data.get(key, ()))
+
+        return cls(
+            str(data.get("directory", "")), names("created"), names("changed"), names("deleted")
+        )
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -67,6 +100,8 @@ class FilesWritten:
         shown = ", ".join(written[:SHOWN]) + (
             f" and {len(written) - SHOWN} more" if len(written) > SHOWN else ""
         )
+        if self.error:
+            return f"wrote {shown} in its working dir; could not copy them back: {self.error}"
         if self.copied:
             rest = len(written) - len(self.copied)
             tail = f"; {rest} more stayed there" if rest > 0 else ""
@@ -264,3 +299,65 @@ def _copy_file(source: str, dest: str) -> None:
         raise
     finally:
         os.close(src)
+
+
+def arm(ctx: EnvContext) -> None:
+    """Take the state of ``ctx``'s working directory if it is an env's tree (when the env
+    was acquired, before any of its tasks runs)."""
+    if ctx.cwd and TREES_VAR in ctx.env_vars:
+        changes_in(ctx.cwd)
+
+
+def take(ctx: EnvContext | None) -> FilesWritten | None:
+    """What changed in ``ctx``'s tree since the last look; None if it has none."""
+    if ctx is None or not ctx.cwd or TREES_VAR not in ctx.env_vars:
+        return None
+    return changes_in(ctx.cwd).take()
+
+
+def store_selected(
+    written: FilesWritten, patterns: Sequence[str], cache_root: Path
+) -> list[list[Any]]:
+    """Store the written files ``patterns`` select in ``cache_root``'s blob store (one
+    read each: hashed and stored); their listing ``[rel, mode, size, sha256]`` (a Dask node,
+    for the driver to fetch them by content)."""
+    store = blob_dir(cache_root)
+    listing = []
+    for rel in matching(written.written, patterns):
+        path = os.path.join(written.directory, rel)
+        try:
+            (entry,) = hash_tree(path, prefix=rel, store=store).entries
+        except (OSError, ValueError):
+            continue  # gone again meanwhile
+        listing.append([entry.rel, entry.mode, entry.size, entry.sha256])
+    return listing
+
+
+def place(listing: Sequence[Sequence[Any]], cache_root: Path, destination: str) -> tuple[str, ...]:
+    """Copy the listed files from ``cache_root``'s blob store to ``destination``."""
+    placed = []
+    for rel, mode, _size, sha in listing:
+        rel = str(rel)
+        if rel.startswith("/") or ".." in rel.split("/"):
+            continue  # names come from a node: never outside the destination
+        blob = blob_path(cache_root, blob_name(str(sha), int(mode)))
+        _copy_file(str(blob), os.path.join(destination, rel))
+        placed.append(rel)
+    return tuple(placed)
+
+
+def lacking(listing: Sequence[Sequence[Any]], cache_root: Path) -> list[str]:
+    """The blob names of ``listing`` that ``cache_root``'s store does not hold intact."""
+    store = str(blob_dir(cache_root))
+    out = []
+    for _rel, mode, size, sha in listing:
+        name = blob_name(str(sha), int(mode))
+        if not _blobs.verify(store, name, str(sha), int(size), int(mode)):
+            out.append(name)
+    return out
+
+
+def with_copies(
+    written: FilesWritten, copied: Sequence[str], destination: str, error: str = ""
+) -> FilesWritten:
+    return replace(written, copied=tuple(copied), destination=destination, error=error)

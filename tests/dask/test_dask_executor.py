@@ -235,3 +235,49 @@ def _wait_for_pid(marker: Path, timeout: float = 120.0) -> int:
 
 def _gone(pid: int, timeout: float) -> bool:
     return not wait_gone([pid], timeout)
+
+
+def write_results() -> str:
+    with open("results.csv", "w") as f:
+        f.write("x,y\n1,2\n")
+    os.makedirs("out", exist_ok=True)
+    with open("out/plot.txt", "w") as f:
+        f.write("a plot")
+    return os.getcwd()
+
+
+def test_files_a_task_writes_come_back_by_content(
+    make_executor: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    """Issue 20 item 7 on Dask: the node lists what the task wrote in its working dir; with
+    files_out the files come back beside the notebook (blobs fetched from that node,
+    sha256-checked) before the result is handed out."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "input.txt").write_text("in")
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    monkeypatch.chdir(notebook)
+    jre.init(executor=make_executor())
+    env = {"working_dir": str(work)}
+
+    listed = jre.remote(write_results).options(runtime_env=env).remote()
+    node_cwd = listed.result(120)
+    assert listed.files.created == ("out/plot.txt", "results.csv")
+    assert listed.files.copied == ()
+    assert not (notebook / "results.csv").exists()
+    assert "wrote out/plot.txt, results.csv in its env's copy" in capsys.readouterr().out
+
+    copied = (
+        jre.remote(write_results)
+        .options(runtime_env={**env, "env_vars": {"RUN": "2"}}, files_out=["*.csv", "out/"])
+        .remote()
+    )
+    assert copied.result(120) != node_cwd  # another env: its own copy
+    assert (notebook / "results.csv").read_text() == "x,y\n1,2\n"
+    assert (notebook / "out" / "plot.txt").read_text() == "a plot"
+    assert copied.files.copied == ("out/plot.txt", "results.csv")
+    assert "copied 2 to" in capsys.readouterr().out
