@@ -88,6 +88,14 @@ class RemoteCellMagics(Magics):
     @argument(
         "--timeout", type=float, metavar="S", help="stop the cell (kill its worker) after S seconds"
     )
+    @argument(
+        "--files-out",
+        dest="files_out",
+        metavar="PATTERN",
+        action="append",
+        help="copy the files the cell writes in its working dir that match PATTERN"
+        " (gitignore-style: *.csv, out/) beside the notebook; may be repeated",
+    )
     @cell_magic
     def remote(self, line: str, cell: str) -> Any:
         """Run the cell in a worker of an environment; ``--out`` brings variables back."""
@@ -159,7 +167,12 @@ class RemoteCellMagics(Magics):
         try:
             if args.env:
                 session.lookup(args.env)  # an unknown name fails here, naming the declared ones
-            return api.RemoteFunction(_cell_runner.run_cell, overrides, env_name=args.env)
+            return api.RemoteFunction(
+                _cell_runner.run_cell,
+                overrides,
+                env_name=args.env,
+                files_out=args.files_out or (),
+            )
         except SpecError as exc:
             raise UsageError(f"remote: --env: {exc.reason}") from None
 
@@ -292,7 +305,10 @@ class _Unprefixed:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._prefix = re.compile(rf"(^|\r)\({TASK_NAME}(?: node=\S+)? pid=\d+\) ", re.MULTILINE)
+        # "(remote_cell) " too: the line telling the files the cell wrote (workers/files.py).
+        self._prefix = re.compile(
+            rf"(^|\r)\({TASK_NAME}(?: node=\S+)?(?: pid=\d+)?\) ", re.MULTILINE
+        )
 
     def write(self, text: str) -> int:
         return self._stream.write(self._prefix.sub(r"\1", text))

@@ -202,3 +202,33 @@ def test_a_cells_exception_is_caught_by_its_type(
     )
     assert result.success, result.error_in_exec
     assert shell.user_ns["caught"] == shell.user_ns["expected"]
+
+
+def test_files_the_cell_writes_are_listed_and_files_out_copies_them(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 20 item 7: a cell's df.to_csv('results.csv') lands in its env's copy of the
+    working dir; the cell says so in one line, and --files-out brings it beside the notebook."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "in.csv").write_text("a\n1\n")
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    monkeypatch.chdir(notebook)
+    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    capsys.readouterr()
+    cell = "_ = open('results.csv', 'w').write(open('in.csv').read() + '2\\n')"
+    assert run(shell, f"%%remote\n{cell}").success
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out
+    assert out.startswith("wrote results.csv in its env's copy of the working dir")
+    assert "--files-out" in out
+    assert not (notebook / "results.csv").exists()
+
+    assert run(shell, f"%%remote --files-out '*.csv'\n{cell}").success
+    assert (notebook / "results.csv").read_text() == "a\n1\n2\n"
+    assert "copied 1 to" in capsys.readouterr().out
+    run(shell, "%runtime_env --clear")
