@@ -416,7 +416,10 @@ def _hash_all(found: list[_Found], store: str | None) -> list[str]:
 
 
 def _threads() -> int:
-    return max(2, min(8, (os.cpu_count() or 1) * 2))
+    # One per core (at least two: one reads while the other writes). More than the cores
+    # only adds contention on the file system's journal (measured with 1, 2 and 4 threads on
+    # 2 cores: 1.05x, 0.76x and 1.22x a cp -r of the same tree).
+    return max(2, min(8, os.cpu_count() or 1))
 
 
 _executor: ThreadPoolExecutor | None = None
