@@ -14,15 +14,31 @@ import sys
 from ..context import SYS_PATH_VAR, EnvContext, compose
 from ..errors import RuntimeEnvError
 
-#: Puts the env's sys.path entries first, then runs the module as ``python -m`` would. The
-#: entries go in through ``-c``, not ``PYTHONPATH``, so that the kernel's own subprocesses
-#: do not inherit them as a side effect.
-BOOTSTRAP = (
-    "import json, os, runpy, sys;"
-    f"sys.path[0:0] = [p for p in json.loads(os.environ.get({SYS_PATH_VAR!r}) or '[]')"
-    " if p not in sys.path];"
-    "m = sys.argv[1]; sys.argv = [m] + sys.argv[2:];"
-    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+#: Names the env's trees whose files are links to the content store (``plugins/_sources``).
+TREES_VAR = "JUPYTER_RUNTIMEENV_TREES"
+#: The copy-on-write guard of those files (``workers/_cow.py``), loaded by path: the kernel's
+#: interpreter may not have this package.
+_COW = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers", "_cow.py"
+)
+#: Puts the env's sys.path entries first, installs the guard when the env has trees (what the
+#: kernel writes in its working_dir, its env's own copy, reaches no other env), then runs the
+#: module as ``python -m`` would. The entries go in through ``-c``, not ``PYTHONPATH``, so
+#: that the kernel's own subprocesses do not inherit them as a side effect.
+BOOTSTRAP = "\n".join(
+    [
+        "import json, os, runpy, sys",
+        f"sys.path[0:0] = [p for p in json.loads(os.environ.get({SYS_PATH_VAR!r}) or '[]')"
+        " if p not in sys.path]",
+        f"if os.environ.get({TREES_VAR!r}):",
+        "    import importlib.util",
+        f"    _s = importlib.util.spec_from_file_location('_jupyter_runtimeenv_cow', {_COW!r})",
+        "    _m = importlib.util.module_from_spec(_s)",
+        "    _s.loader.exec_module(_m)",
+        "    _m.install_from_env()",
+        "m = sys.argv[1]; sys.argv = [m] + sys.argv[2:]",
+        "runpy.run_module(m, run_name='__main__', alter_sys=True)",
+    ]
 )
 
 

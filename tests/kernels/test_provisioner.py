@@ -138,3 +138,36 @@ def test_the_kernel_interpreter_is_the_driver_python() -> None:
     given = {**env, "driver_python": "/opt/py/bin/python"}
     assert spec_for_kernel(given, argv) == given
     assert "driver_python" not in spec_for_kernel({"conda": "base"}, argv)
+
+
+async def test_a_kernel_in_an_env_with_a_working_dir_writes_its_own_copy(
+    embedded: EmbeddedClient, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Issue 16 item 4 for kernels started in an env: the kernel's working dir is its env's
+    copy, linked to the content store; a chmod and a rewrite in place in the kernel reach
+    neither the store nor another env (the bootstrap installs the copy-on-write guard)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.txt").write_text("original")
+    install_kernelspec("wd-rte", {"working_dir": str(project)}, prefix=str(tmp_path))
+    km = manager_for(tmp_path, "wd-rte")
+    await km.start_kernel()
+    try:
+        code = (
+            "import os; os.chmod('data.txt', 0o644)\n"
+            "with open('data.txt', 'r+') as f: f.write('EDITED!!')\n"
+            "print(open('data.txt').read(), os.stat('data.txt').st_nlink)"
+        )
+        assert (await execute(km, code)).split() == ["EDITED!!", "1"]
+    finally:
+        await km.shutdown_kernel()
+    blobs = [p for p in (cache_dir / "shared" / "blobs").rglob("*") if p.is_file()]
+    assert [b.read_text() for b in blobs] == ["original"]
+
+
+def test_the_kernel_bootstrap_names_the_guard() -> None:
+    from jupyter_runtimeenv.kernels import command
+    from jupyter_runtimeenv.plugins._sources import TREES_VAR
+
+    assert command.TREES_VAR == TREES_VAR
+    assert Path(command._COW).is_file()
