@@ -49,6 +49,7 @@ __all__ = [
     "forget_stat_cache",
     "hash_file",
     "hash_tree",
+    "store_file",
 ]
 
 
@@ -132,9 +133,20 @@ def hash_file(path: str, st: os.stat_result | None = None) -> str:
     return _hash_one(path, st, None, blob_mode(st.st_mode))
 
 
-def _hash_one(path: str, st: os.stat_result, store: str | None, mode: int) -> str:
+def store_file(path: str, store: str | Path, rel: str) -> FileEntry:
+    """Hash the file at ``path`` and store it in ``store`` from the same read; its entry
+    as ``rel``. No tree memo or watch: a file read once (a task's output, on a Dask node)."""
+    st = os.stat(path)
+    mode = blob_mode(st.st_mode)
+    sha = _hash_one(path, st, str(store), mode, cached=False)
+    return FileEntry(rel, path, mode, st.st_size, sha)
+
+
+def _hash_one(
+    path: str, st: os.stat_result, store: str | None, mode: int, *, cached: bool = True
+) -> str:
     """Read ``path`` once: hash it and, with a ``store``, store it from the same bytes."""
-    known = _statcache.lookup(path, st)
+    known = _statcache.lookup(path, st) if cached else None
     if known is not None:
         return known
     started = time.time_ns()

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..context import EnvContext
 from ..plugins import _blobs, _watch
-from ..plugins._hashing import DEFAULT_EXCLUDES, blob_name, hash_tree
+from ..plugins._hashing import DEFAULT_EXCLUDES, blob_name, store_file
 from ..plugins._sources import TREES_VAR
 from ..plugins._store import blob_dir, blob_path
 from ..spec.patterns import PatternList
@@ -326,8 +326,8 @@ def store_selected(
     for rel in matching(written.written, patterns):
         path = os.path.join(written.directory, rel)
         try:
-            (entry,) = hash_tree(path, prefix=rel, store=store).entries
-        except (OSError, ValueError):
+            entry = store_file(path, store, rel)
+        except OSError:
             continue  # gone again meanwhile
         listing.append([entry.rel, entry.mode, entry.size, entry.sha256])
     return listing
