@@ -39,7 +39,9 @@ def test_build_json(project: Path, cache_dir: Path) -> None:
     assert out["state"] == "READY"
     assert len(out["env_id"]) == 64
     ctx = out["context"]
-    assert ctx["env_vars"] == {"MODE": "fast"}
+    # The env's own tree is named to its processes, which copy its shared files before
+    # writing to them (workers/_cow.py).
+    assert ctx["env_vars"] == {"MODE": "fast", "JUPYTER_RUNTIMEENV_TREES": ctx["cwd"]}
     assert Path(ctx["cwd"], "helper.py").read_text() == "VALUE = 42\n"
     assert ctx["cwd"].startswith(str(cache_dir))
 

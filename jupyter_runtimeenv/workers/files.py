@@ -40,7 +40,6 @@ _IN_ISDIR = 0x40000000
 _DIR_ADDED = 0x100 | 0x80  # IN_CREATE | IN_MOVED_TO
 #: Directories never reported or descended into (Python's own, checkpoints, VCS).
 _SKIP_DIRS = frozenset(d.rstrip("/") for d in DEFAULT_EXCLUDES)
-_TICK_NS = 20_000_000
 #: How many names the one-line report shows before "and N more".
 SHOWN = 8
 
@@ -125,9 +124,11 @@ class TreeChanges:
         self._touched: set[str] = set()
         self._new_dirs: set[str] = set()
         self._gone_dirs: set[str] = set()
-        self._since = time.time_ns() - _TICK_NS
+        self._last_ns = time.time_ns()
         self._watch = _watch.watch(self.root, self._event)
         self._names = set(self._scan("", arm=self._watch is not None))
+        #: Without events: each file's (inode, size, mtime, ctime, shared) at the last look.
+        self._stats = self._stat_all(self._names) if self._watch is None else {}
 
     def take(self) -> FilesWritten:
         """What changed since the last call (or since this object was made)."""
@@ -135,7 +136,9 @@ class TreeChanges:
             if self._watch is not None:
                 self._watch.poll()
             if self._watch is not None and self._watch.usable:
-                return self._from_events()
+                written = self._from_events()
+                self._last_ns = time.time_ns()
+                return written
             return self._from_walk()
 
     def close(self) -> None:
@@ -204,23 +207,46 @@ class TreeChanges:
                     found.append(rel)
         return found
 
-    def _from_walk(self) -> FilesWritten:
-        # File times come from the kernel's coarse clock, up to a tick behind this one: a
-        # write just after the last look may carry a ctime a little before it.
-        started = time.time_ns() - _TICK_NS
-        now = set(self._scan("", arm=False))
-        created = sorted(now - self._names)
-        changed = []
-        for rel in sorted(now & self._names):
+    def _stat_all(self, rels: Iterable[str]) -> dict[str, tuple[int, int, int, int, bool]]:
+        out = {}
+        for rel in rels:
             try:
                 st = os.lstat(os.path.join(self.root, rel))
             except OSError:
                 continue
-            # Still linked to the store: nobody wrote it (a write makes a private copy).
-            if st.st_nlink == 1 and st.st_ctime_ns >= self._since:
+            out[rel] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink > 1)
+        return out
+
+    def _from_walk(self) -> FilesWritten:
+        now = self._stat_all(self._scan("", arm=False))
+        if self._watch is not None and not self._stats:
+            return self._after_overflow(now)
+        created = sorted(set(now) - set(self._stats))
+        changed = []
+        for rel in sorted(set(now) & set(self._stats)):
+            ino, size, mtime, ctime, shared = self._stats[rel]
+            new = now[rel]
+            # A file shared with the store gets a new ctime whenever another tree links the
+            # same blob: only an unshared file's ctime tells a write (or a chmod).
+            if (ino, size, mtime) != new[:3] or (not shared and not new[4] and ctime != new[3]):
                 changed.append(rel)
-        deleted = sorted(self._names - now)
-        self._names, self._since = now, started
+        deleted = sorted(set(self._stats) - set(now))
+        self._stats, self._names = now, set(now)
+        return FilesWritten(self.root, tuple(created), tuple(changed), tuple(deleted))
+
+    def _after_overflow(self, now: dict[str, tuple[int, int, int, int, bool]]) -> FilesWritten:
+        """The kernel dropped events (a task wrote thousands of files): what is known from
+        names and times: new names are created; a file no longer shared with the store whose
+        ctime is after the last look was written (a coarse clock: a tick of margin)."""
+        since = self._last_ns - 20_000_000
+        created = sorted(set(now) - self._names)
+        changed = sorted(
+            rel
+            for rel, (_i, _s, _m, ctime, shared) in now.items()
+            if rel in self._names and not shared and ctime >= since
+        )
+        deleted = sorted(self._names - set(now))
+        self._stats, self._names = now, set(now)
         return FilesWritten(self.root, tuple(created), tuple(changed), tuple(deleted))
 
 

@@ -133,6 +133,27 @@ def test_tree_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: b
     changes.close()
 
 
+def test_tree_changes_after_the_kernel_dropped_events(tmp_path: Path) -> None:
+    """Past inotify's queue (a task writing thousands of files) the events stop: what changed
+    is then told from names and times, and nothing is missed."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "old.txt").write_text("o")
+    (root / "untouched.txt").write_text("u")
+    changes = files.TreeChanges(str(root))
+    if changes._watch is None:
+        pytest.skip("no inotify here")
+    watcher = _watch._watcher()
+    assert watcher is not None
+    (root / "old.txt").write_text("rewritten")
+    (root / "new.txt").write_text("n")
+    watcher._dispatch(_watch._EVENT.pack(-1, _watch._IN_Q_OVERFLOW, 0, 0))
+    got = changes.take()
+    assert got.created == ("new.txt",)
+    assert "old.txt" in got.changed
+    changes.close()
+
+
 def test_matching_is_gitignore_style() -> None:
     rels = ["a.csv", "deep/b.csv", "out/x/y.png", "top.txt", "sub/top.txt"]
     assert files.matching(rels, ["*.csv"]) == ["a.csv", "deep/b.csv"]
