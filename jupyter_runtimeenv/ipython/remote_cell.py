@@ -305,7 +305,7 @@ class _Unprefixed:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        # "(remote_cell) " too: the line telling the files the cell wrote (workers/files.py).
+        # "(run_cell) " too: the line telling the files the cell wrote (workers/files.py).
         self._prefix = re.compile(
             rf"(^|\r)\({TASK_NAME}(?: node=\S+)?(?: pid=\d+)?\) ", re.MULTILINE
         )
