@@ -358,8 +358,8 @@ def hash_tree(
     found = walk.found
     # The same files with the same stats as last time: the same tree, nothing to build.
     signature = walk.signature
-    if known is not None and known.signature == signature:
-        _remember(memo_key, _Memo(signature, known.tree, watch))
+    if known is not None and known.settled and known.signature == signature:
+        _remember(memo_key, _Memo(signature, known.tree, watch, settled=True))
         return known.tree
     blobs = None if store is None else str(store)
     shas = _hash_all(found, blobs)
@@ -368,10 +368,15 @@ def hash_tree(
         for (rel, path, st), sha in zip(found, shas, strict=True)
     )
     tree = Tree(_digest(entries), entries)
-    if all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st in found):
-        _remember(memo_key, _Memo(signature, tree, watch))
+    # Without a watch the next call compares stats, which a file changed within the racy
+    # window could keep while changing again: such a tree is not "settled".
+    settled = all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st in found)
+    if (watch is not None and watch.usable) or settled:
+        # A watch was armed before any directory was listed: a write after that is an event,
+        # one before it was read here; the tree stands until an event, settled or not.
+        _remember(memo_key, _Memo(signature, tree, watch, settled=settled))
     elif watch is not None:
-        watch.close()  # a file just changed may change again unseen: walk next time
+        watch.close()
     return tree
 
 
@@ -383,6 +388,9 @@ class _Memo:
     signature: list[tuple[str, _statcache.Key]]
     tree: Tree
     watch: _watch.Watch | None
+    #: No file changed within the racy window before it was read: the signature may stand
+    #: for the content (without a watch, or after the watch failed).
+    settled: bool = True
 
 
 _TREES_MAX = 64

@@ -134,3 +134,16 @@ def test_mountinfo_is_read_with_escaped_names() -> None:
     ]
     mounts = _watch.parse_mountinfo(lines)
     assert mounts == {"/": "ext4", "/mnt/my share": "nfs4", "/mnt/fuse": "fuse.sshfs"}
+
+
+def test_a_tree_just_written_stands_until_an_event(tmp_path: Path) -> None:
+    """With a watch the racy window does not matter: the watch was armed before the files
+    were read, so the tree is known until an event, then read again."""
+    _hashing.forget_stat_cache()
+    root = tree(tmp_path / "t")  # every file just written: all in the racy window
+    first = _hashing.hash_tree(root)
+    assert _hashing.hash_tree(root) is first
+    (root / "a.py").write_text("a.py")  # same content, a write: an event
+    again = _hashing.hash_tree(root)
+    assert again is not first
+    assert again.digest == first.digest
