@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 FUNCTION_CACHE_SIZE = 256
 
 Packet = tuple[list[Any], list[int]]
+_NO_SPANS = bytes(4)  # a RETURN_HEAD's buffer count of 0
 
 _arena: shm.Arena | None = None
 _arena_lock = threading.Lock()
@@ -177,11 +178,10 @@ class Channel:
         RETURN are mapped from the worker's segments."""
         if task.raw:
             return kind, bytes(payload)
-        if kind != protocol.RETURN:
+        head = protocol.RETURN_HEAD.size
+        if kind != protocol.RETURN or payload[head - 4 : head] == _NO_SPANS:
             return load_outcome(kind, payload, task.call.task_id, task.name, task.sources)
         spans = split_return(payload)[2]
-        if not spans:
-            return load_outcome(kind, payload, task.call.task_id, task.name, task.sources)
         segments = sorted({span[0] for span in spans})
         for segment_id in segments:
             if not self.results.knows(segment_id):

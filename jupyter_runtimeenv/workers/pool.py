@@ -188,11 +188,12 @@ class Pool:
             if worker is not None:
                 self._assign(worker, task)
                 spare = self._reserve_spare()
-            else:
-                worker = self._pipeline(task)
-                if worker is None:
-                    self._queue.append(task)
-                    spawn = self._reserve_worker()
+            elif self._pipeline(task) is None:
+                self._queue.append(task)
+                spawn = self._reserve_worker()
+            # else: it joined a busy worker's outbox, which that worker's reader thread sends
+            # with its next answers (the calls ahead of it were sent, or are in that batch):
+            # no system call here, where a burst of .remote() calls is being made.
         if worker is not None:
             worker.flush()
             _notify()

@@ -40,7 +40,6 @@ from ._serve import PRELOAD_SECONDS
 from .channel import Channel, prepare_socket
 from .future import Task
 from .output import OutputTarget, StreamForwarder
-from .serialize import split_return
 
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entry.py")
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
@@ -400,7 +399,7 @@ class WorkerProcess:
         settle the futures."""
         if not self.ready:
             raise protocol.ProtocolError("an answer before the worker was ready")
-        durations = [split_return(p)[1] if k == protocol.RETURN else None for k, p in answers]
+        durations = [_duration(p) if k == protocol.RETURN else None for k, p in answers]
         tasks = self.listener.tasks_answered(self, durations)
         if len(tasks) < len(answers):
             _break(tasks, f"worker pid {self.pid} answered calls it was not given")
@@ -558,6 +557,14 @@ def _partial_due(forwarders: dict[int, StreamForwarder]) -> float | None:
     """The earliest time a forwarder's pending partial line is to be written."""
     dues = [due for f in forwarders.values() if (due := f.due()) is not None]
     return min(dues, default=None)
+
+
+def _duration(payload: bytes | bytearray) -> int:
+    """A RETURN's call duration (ns); its head is checked when the value is loaded."""
+    if len(payload) < protocol.RETURN_HEAD.size:
+        raise protocol.ProtocolError(f"RETURN of {len(payload)} bytes is too short")
+    duration: int = protocol.RETURN_HEAD.unpack_from(payload)[1]
+    return duration
 
 
 def _break(tasks: list[Task], message: str) -> None:

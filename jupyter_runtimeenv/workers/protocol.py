@@ -121,6 +121,9 @@ def frame(kind: int, *parts: Buffer) -> list[Buffer]:
 def send(sock: _socket.socket, buffers: Sequence[Buffer], fds: Sequence[int] = ()) -> None:
     """Write every byte of ``buffers`` (``fds`` go with the first bytes). One thread at a
     time per socket: the owner serialises."""
+    if not fds and len(buffers) == 1:  # the common case: one small frame (or a joined batch)
+        sock.sendall(buffers[0])
+        return
     ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _pack_fds(fds))] if fds else []
     pending = deque(memoryview(b).cast("B") for b in buffers if len(b))
     while pending:
