@@ -58,6 +58,10 @@ class NodeKernel:
     pids: set[int] = field(default_factory=set)
     #: Ids of the ``DaskExecutor``s the kernel made (their pools on every node end with it).
     owners: set[str] = field(default_factory=set)
+    #: Seconds the kernel lives without word from its provisioner (0: forever), and when
+    #: that word last came (``time.monotonic``): a server that died leaves no kernel.
+    lease: float = 0.0
+    renewed: float = field(default_factory=time.monotonic)
 
 
 def running(kernel: NodeKernel) -> bool:

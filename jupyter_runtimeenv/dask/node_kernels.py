@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +53,8 @@ KERNEL_NODE_VAR = "JUPYTER_RUNTIMEENV_KERNEL_NODE"
 KERNEL_ID_VAR = "JUPYTER_RUNTIMEENV_REMOTE_KERNEL_ID"
 log = logging.getLogger(__name__)
 _KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: How often a node looks for kernels whose lease ran out (their server is gone).
+LEASE_CHECK_SECONDS = 2.0
 #: How often installer lines are sent to the provisioner (one Dask event per batch).
 LOG_BATCH_SECONDS = 0.25
 
@@ -86,6 +89,7 @@ class NodeKernels:
         self._kernels: dict[str, NodeKernel] = {}
         self._lock = threading.Lock()
         self._swept = False
+        self._watchdog: asyncio.Task[None] | None = None
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -184,6 +188,10 @@ class NodeKernels:
                 f"kernel {kernel_id} already runs on Dask worker {self.address}",
                 node=self.address,
             )
+        kernel.lease = float(options.get("lease", 0.0))
+        kernel.renewed = time.monotonic()
+        if kernel.lease and self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch_leases())
         host = await asyncio.to_thread(node_ip, self.address)
         variables = {
             **env,
@@ -234,6 +242,7 @@ class NodeKernels:
         kernel = self._kernels.get(kernel_id)
         if kernel is None:
             return {"exit": -1, "known": False}
+        kernel.renewed = time.monotonic()  # its provisioner asks: it is alive
         if kernel.proc is None:
             return {"exit": kernel.exit_code if kernel.exit_code is not None else -1, "known": True}
         return {"exit": kernel.proc.poll(), "known": True}
@@ -284,8 +293,53 @@ class NodeKernels:
             for k in kernels
         }
 
+    def renew(self, kernel_ids: list[str]) -> list[str]:
+        """Word from the kernels' provisioner: their leases start again. The ids this node
+        does not know (any more)."""
+        now = time.monotonic()
+        unknown = []
+        for kernel_id in kernel_ids:
+            kernel = self._kernels.get(kernel_id)
+            if kernel is None:
+                unknown.append(kernel_id)
+            else:
+                kernel.renewed = now
+        return unknown
+
+    async def _watch_leases(self) -> None:
+        """On the worker's loop while kernels run: stop a kernel whose provisioner has not
+        been heard of for its lease (the server that started it died, or lost the cluster),
+        as its shutdown would: kill it and its workers, release its env."""
+        while True:
+            await asyncio.sleep(LEASE_CHECK_SECONDS)
+            now = time.monotonic()
+            expired = [
+                k for k in list(self._kernels.values())
+                if k.lease and running(k) and now - k.renewed > k.lease
+            ]  # fmt: skip
+            for kernel in expired:
+                log.warning(
+                    "jupyter_runtimeenv: kernel %s on %s: no word from its server for %g s;"
+                    " stopping it",
+                    kernel.kernel_id,
+                    self.address,
+                    kernel.lease,
+                )
+                with contextlib.suppress(Exception):
+                    self.worker.log_event(
+                        kernel.topic,
+                        {"kind": "orphaned", "kernel_id": kernel.kernel_id},
+                    )
+                with contextlib.suppress(Exception):  # one kernel must not stop the watch
+                    owners = await self.stop(kernel.kernel_id, forget=True)
+                    for owner in owners:  # its pools on this node (others idle out)
+                        await self._node().forget(owner)
+
     async def close(self) -> None:
         """Kill every kernel and release their envs (the Dask worker is closing)."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         for kernel_id in list(self._kernels):
             with contextlib.suppress(Exception):
                 await self.stop(kernel_id, forget=True)
@@ -447,6 +501,11 @@ async def node_kernel_stop(kernel_id: str, forget: bool, dask_worker: Worker) ->
     if isinstance(kernels, NodeKernels):
         return await kernels.stop(kernel_id, forget=forget)
     return []
+
+
+async def node_kernel_renew(kernel_ids: list[str], dask_worker: Worker) -> list[str]:
+    kernels = getattr(dask_worker.plugins.get(PLUGIN_NAME), "kernels", None)
+    return kernels.renew(kernel_ids) if isinstance(kernels, NodeKernels) else list(kernel_ids)
 
 
 async def node_kernel_own(kernel_id: str, owner: str, dask_worker: Worker) -> bool:

@@ -27,6 +27,9 @@ from ..errors import KernelStartError
 from ..server.events import KERNEL_SCHEMA_ID, KERNEL_SCHEMA_PATH
 
 CLIENT_NAME = "jupyter-runtimeenv-kernels"
+#: How often the kernels' leases are renewed on their nodes at most (see
+#: ``ClusterLink.lease``); a third of the shortest lease when that is less.
+RENEW_SECONDS = 10.0
 
 NodeWatcher = Callable[[str, bool], None]
 TopicHandler = Callable[[dict[str, Any]], None]
@@ -46,6 +49,9 @@ class ClusterLink:
         self._plugins = False
         self._watchers: dict[str, list[NodeWatcher]] = {}
         self._topics: dict[str, TopicHandler] = {}
+        self._leases: dict[str, dict[str, float]] = {}  # node -> kernel id -> lease
+        self._closed = threading.Event()
+        self._renewer: threading.Thread | None = None
         client.subscribe_topic("all", self._on_scheduler_event)
 
     # -- sharing (blocking: call in a thread) ----------------------------------------------
@@ -87,6 +93,7 @@ class ClusterLink:
                 return
             if _links.get(self.address) is self:
                 del _links[self.address]
+        self._closed.set()
         with contextlib.suppress(Exception):  # the scheduler may be gone already
             self.client.close(timeout=10)
 
@@ -123,6 +130,43 @@ class ClusterLink:
     def run_all(self, function: Callable[..., Any], *args: Any, nodes: list[str]) -> dict[str, Any]:
         """``function(*args)`` on each of ``nodes``; node -> answer or exception."""
         return dict(self.client.run(function, *args, workers=nodes, on_error="return"))
+
+    # -- leases: kernels live on their nodes while this process does ------------------------
+
+    def lease(self, node: str, kernel_id: str, seconds: float) -> None:
+        """Renew the lease of ``kernel_id`` on ``node`` (``seconds`` long) from now on, from
+        a thread of this link, several times per lease: if this process dies, the node stops
+        the kernel once its lease runs out (``node_kernels``)."""
+        with self._lock:
+            self._leases.setdefault(node, {})[kernel_id] = seconds
+            if self._renewer is None:
+                self._renewer = threading.Thread(
+                    target=self._renew, name="jupyter-runtimeenv-kernel-leases", daemon=True
+                )
+                self._renewer.start()
+
+    def unlease(self, node: str, kernel_id: str) -> None:
+        with self._lock:
+            kernels = self._leases.get(node, {})
+            kernels.pop(kernel_id, None)
+            if not kernels:
+                self._leases.pop(node, None)
+
+    def _period(self) -> float:
+        with self._lock:
+            shortest = min((s for k in self._leases.values() for s in k.values()), default=0.0)
+        return max(0.5, min(RENEW_SECONDS, shortest / 3 if shortest else RENEW_SECONDS))
+
+    def _renew(self) -> None:
+        from ..dask.node_kernels import node_kernel_renew
+
+        while not self._closed.wait(self._period()):
+            with self._lock:
+                leases = {node: sorted(ids) for node, ids in self._leases.items() if ids}
+            for node, ids in leases.items():
+                # A node that does not answer now may later: the lease has slack.
+                with contextlib.suppress(Exception):
+                    self.client.run(node_kernel_renew, ids, workers=[node], on_error="ignore")
 
     # -- notifications (the client's loop thread) -------------------------------------------
 

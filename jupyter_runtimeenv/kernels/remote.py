@@ -79,6 +79,13 @@ class DaskKernelProvisioner(KernelProvisionerBase):
     request_timeout = Float(
         30.0, config=True, help="Seconds for the node to answer a signal, a poll or a stop."
     )
+    lease_timeout = Float(
+        120.0,
+        config=True,
+        help="Seconds a kernel lives on its node without word from this server (renewed every"
+        " 10 s, or a third of this, while the server runs): a server that died leaves no"
+        " kernel. 0: forever.",
+    )
 
     node: str | None = None
     pid: int | None = None
@@ -139,7 +146,11 @@ class DaskKernelProvisioner(KernelProvisionerBase):
                 self.kernel_id,
                 cmd,
                 self._kernel_env or {},
-                {"start_timeout": self.start_timeout, "encrypt": self._encrypted()},
+                {
+                    "start_timeout": self.start_timeout,
+                    "encrypt": self._encrypted(),
+                    "lease": self.lease_timeout,
+                },
                 timeout=self.start_timeout + self.request_timeout,
             )
         except BaseException as exc:
@@ -151,6 +162,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         self.pid = int(info["pid"])
         self._running, self._exit, self._polled = True, None, time.monotonic()
         self._stopping = False
+        if self._link is not None and self.lease_timeout:
+            self._link.lease(node, str(self.kernel_id), self.lease_timeout)
         events.emit(
             "started",
             f"kernel started on Dask worker {node} (pid {self.pid})",
@@ -296,6 +309,9 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             )
             self._link.subscribe(self.topic, self._on_node_event)
             self._watch()
+            if self.node is not None and self.lease_timeout:
+                # This process renews it from now on.
+                self._link.lease(self.node, str(self.kernel_id), self.lease_timeout)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -378,6 +394,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         node, reason = await placement.place(link, manifest.token, self.scheduler, self.node)
         if node != self.node:
             self._drop_watch()
+            if self.node is not None:
+                link.unlease(self.node, str(self.kernel_id))  # its old node is gone
             self.node = node
         events.node = node
         if reason is not None:
@@ -500,6 +518,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
     async def _disconnect(self) -> None:
         self._drop_watch()
         link, self._link = self._link, None
+        if link is not None and self.node is not None:
+            link.unlease(self.node, str(self.kernel_id))
         if link is not None:
             link.unsubscribe(self.topic)
             await asyncio.to_thread(link.release)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,3 +167,44 @@ def _processes_with(marker: str) -> list[int]:
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
     return found
+
+
+SERVER = """
+import json, sys, time
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+specs = KernelSpecManager(kernel_dirs=[sys.argv[1]])
+km = KernelManager(kernel_name="leased", kernel_spec_manager=specs)
+km.start_kernel()
+print(json.dumps({"kernel_id": km.kernel_id, "node": km.provisioner.node}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_kernel_whose_server_died_is_stopped_when_its_lease_runs_out(
+    nodes: DaskNodes, tmp_path: Path
+) -> None:
+    install(tmp_path, "leased", {}, nodes.address, lease_timeout=9)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(tmp_path / "share" / "jupyter" / "kernels")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        started = json.loads(server.stdout.readline())
+        kernel_id, node = started["kernel_id"], started["node"]
+        pid = nodes.node_kernels()[node][kernel_id]["pid"]
+        # Alive past its lease while the server renews it (every 3 s, a third of it).
+        time.sleep(12)
+        assert nodes.node_kernels()[node][kernel_id]["running"]
+        server.kill()  # the server dies without shutting its kernel down
+        server.wait(timeout=30)
+        wait_until(lambda: kernel_id not in nodes.node_kernels()[node], 60, "the lease to end")
+        wait_until(lambda: not alive(pid), 30, "the kernel process to end")
+        envs = nodes.node_envs()[node]
+        assert all(f"kernel:{kernel_id}" not in e["holders"] for e in envs)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=30)

@@ -10,6 +10,7 @@ and releases its env there; its ports, files and key are kept to the node and it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import time
@@ -347,3 +348,51 @@ def _echo(address: str, server_key: bytes | None) -> bytes | None:
     finally:
         sock.close()
         context.term()
+
+
+def test_a_kernel_that_dies_on_a_live_node_is_seen_dead_and_restarts_there(
+    nodes: DaskNodes, started: tuple[KernelManager, BlockingKernelClient]
+) -> None:
+    km, client = started
+    node = km.provisioner.node  # type: ignore[union-attr]
+    _, messages = run(client, "import os; print(os.getpid())")
+    pid = int(stream(messages, "stdout"))
+    client.execute("import os; os._exit(3)")
+    wait_until(lambda: not km.is_alive(), 30, "the kernel manager to see the death")
+    assert km.provisioner._exit == 3  # type: ignore[union-attr]
+    assert km.provisioner.failure is None  # type: ignore[union-attr]  # the node lives
+    wait_until(lambda: not alive(pid), 10, "the process to be reaped")
+
+    km.restart_kernel(now=True)  # what the server's restarter does
+    assert km.provisioner.node == node  # type: ignore[union-attr]
+    fresh = km.blocking_client()
+    fresh.start_channels()
+    try:
+        fresh.wait_for_ready(timeout=120)
+        _, messages = run(fresh, "import os; print(os.getpid())")
+    finally:
+        fresh.stop_channels()
+    assert ancestors(int(stream(messages, "stdout")))[0] == nodes.worker_pids()[node]
+
+
+async def test_another_provisioner_can_take_over_from_the_saved_info(
+    nodes: DaskNodes, started: tuple[KernelManager, BlockingKernelClient]
+) -> None:
+    from jupyter_runtimeenv.kernels.remote import DaskKernelProvisioner
+
+    km, _ = started
+    info = await km.provisioner.get_provisioner_info()  # type: ignore[union-attr]
+    assert info["node"] == km.provisioner.node  # type: ignore[union-attr]
+    assert info["scheduler"] == nodes.address
+    other = DaskKernelProvisioner(kernel_spec=km.kernel_spec)
+    await other.load_provisioner_info(info)
+    try:
+        assert other.has_process
+        assert await other.poll() is None
+        km.shutdown_kernel(now=True)
+        deadline = time.monotonic() + 30
+        while await other.poll() is None:
+            assert time.monotonic() < deadline, "the other provisioner never saw the end"
+            await asyncio.sleep(0.2)
+    finally:
+        await other.cleanup()
