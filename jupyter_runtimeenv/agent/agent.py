@@ -97,6 +97,7 @@ class RuntimeEnvAgent:
             cache = await asyncio.to_thread(Cache, self._cache_dir)  # CacheUnavailable
             try:
                 await asyncio.to_thread(cache.sweep)
+                await asyncio.to_thread(_store.prepare, cache.root)
             except (OSError, sqlite3.Error) as exc:
                 await asyncio.to_thread(cache.close)
                 raise CacheUnavailable(str(cache.root), describe(exc, cache.root)) from exc
