@@ -145,6 +145,7 @@ def staging(counts: list[int], files: int, tree_mb: float, json_path: str | None
                     staged = executor.stage(spec)
                     seconds = time.perf_counter() - start
                     sent, peer = executor.bytes_sent, executor.peer_bytes
+                    phases = dict(executor.staging.phases)
                 finally:
                     executor.shutdown()
             if len(staged) != n:
@@ -161,6 +162,7 @@ def staging(counts: list[int], files: int, tree_mb: float, json_path: str | None
                     "manifest_seconds": round(manifest_seconds, 4),
                     "copy_seconds": round(copy_seconds, 4),
                     "load_average": round(os.getloadavg()[0], 2),
+                    "phases": {k: round(v, 3) for k, v in phases.items()},
                 }
             )
     finally:
@@ -178,6 +180,7 @@ def staging(counts: list[int], files: int, tree_mb: float, json_path: str | None
         "x tree",
         "nodes from peers",
         "floors: manifest / cp -r (s)",
+        "phases (s): manifest, offer, seed, share",
         "load",
     )
     rows = [
@@ -188,6 +191,9 @@ def staging(counts: list[int], files: int, tree_mb: float, json_path: str | None
             f"{r['ratio']:.2f}x" + (" (target <= 1.2x)" if r["nodes"] >= 4 else ""),
             f"{r['peer_bytes'] / 2**20:.1f} MiB",
             f"{r['manifest_seconds']:.2f} / {r['copy_seconds']:.2f}",
+            ", ".join(
+                f"{r['phases'].get(k, 0.0):.2f}" for k in ("manifest", "offer", "seed", "share")
+            ),
             f"{r['load_average']:.1f}",
         )
         for r in results

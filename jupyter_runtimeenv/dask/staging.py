@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,9 @@ class Staging:
         self.bytes_sent = 0
         self.blobs_sent = 0
         self.peer_bytes = 0
+        #: Seconds spent so far in each phase of staging (manifest, offer, seed, share,
+        #: fallback), summed over the envs and rounds.
+        self.phases: dict[str, float] = {}
         self.shut = False
         self._pool = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="jupyter-runtimeenv-dask-stage"
@@ -122,7 +126,12 @@ class Staging:
     def _prepare(self, env: StagedEnv) -> None:
         try:
             self.register_plugin()
+            started = time.perf_counter()
             manifest = build_manifest(env.spec, self.store_root)
+            with self.lock:
+                self.phases["manifest"] = (
+                    self.phases.get("manifest", 0.0) + time.perf_counter() - started
+                )
             self.stage_nodes(env, manifest, self.nodes())
             if not env.staged:
                 address = self.client.scheduler.address
@@ -168,6 +177,8 @@ class Staging:
             self.bytes_sent += staged.bytes_sent
             self.blobs_sent += staged.blobs_sent
             self.peer_bytes += staged.peer_bytes
+            for phase, seconds in staged.phases.items():
+                self.phases[phase] = self.phases.get(phase, 0.0) + seconds
             env.staged |= staged.nodes
             for node in staged.nodes:
                 env.errors.pop(node, None)

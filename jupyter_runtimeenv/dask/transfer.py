@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ class Staged:
     blobs_sent: int = 0
     peer_bytes: int = 0
     errors: dict[str, str] = field(default_factory=dict)
+    #: Seconds spent in each phase (offer, seed, share, fallback): where the time goes.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def stage(
@@ -61,7 +64,9 @@ def stage(
     result = Staged()
     if not nodes:
         return result
+    clock = _Clock(result.phases)
     offered = client.run(node_offer, manifest.to_json(), workers=nodes, on_error="return")
+    clock.lap("offer")
     lacking: dict[str, set[str]] = {}
     for node, answer in offered.items():
         if isinstance(answer, BaseException):
@@ -89,6 +94,7 @@ def stage(
         seeds[node].append(name)
         load[node] += sizes[name]
     remaining = _put(client, manifest, store_root, seeds, result)
+    clock.lap("seed")
     for node, names in seeds.items():
         if node not in result.errors:
             for name in names:
@@ -112,6 +118,7 @@ def stage(
             else:
                 lacking.pop(node, None)
                 result.nodes.add(node)
+    clock.lap("share")
     # 4. fall back: the driver sends what no peer could give.
     rest = {n: sorted(names) for n, names in lacking.items() if n not in result.errors}
     remaining = _put_grouped(client, manifest, store_root, rest, result)
@@ -122,7 +129,21 @@ def stage(
             result.nodes.add(node)
         else:
             result.errors[node] = f"still lacks {remaining.get(node)!r} after the transfer"
+    clock.lap("fallback")
     return result
+
+
+class _Clock:
+    """Laps into ``phases`` (name -> seconds)."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases = phases
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def _put(
