@@ -198,7 +198,7 @@ def _watcher() -> _Watcher | None:
         if not sys.platform.startswith("linux"):
             return None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc = _libc()
             libc.inotify_init1.argtypes = [ctypes.c_int]
             libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
             libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -209,6 +209,18 @@ def _watcher() -> _Watcher | None:
             return None  # EMFILE: no inotify instance left for this user
         _instance, _failed = _Watcher(fd, libc), False
         return _instance
+
+
+def _libc() -> ctypes.CDLL:
+    # The process's own symbols first: find_library runs ldconfig or a compiler (~20 ms).
+    for name in (None, "libc.so.6"):
+        try:
+            libc = ctypes.CDLL(name, use_errno=True)
+            libc.inotify_init1  # noqa: B018 - raises AttributeError if not there
+            return libc
+        except (OSError, AttributeError):
+            continue
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 _fs_types: dict[str, str] = {}
