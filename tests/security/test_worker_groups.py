@@ -55,19 +55,29 @@ def start_child() -> int:
 
 def child_then_hang(marker: str) -> None:
     child = subprocess.Popen(["sleep", "300"])
-    Path(marker).write_text(f"{os.getpid()} {child.pid}")
+    write_marker(marker, f"{os.getpid()} {child.pid}")
     time.sleep(300)
+
+
+def write_marker(marker: str, text: str) -> None:
+    """Whole or not at all: the test polls for the file and must never read half of it."""
+    Path(marker + ".tmp").write_text(text)
+    os.replace(marker + ".tmp", marker)
 
 
 def fork_then(marker: str, how: str) -> int:
     """Fork a child that holds every fd of the worker (its pipes too) and sleeps; then the
-    worker exits (``exit``) or returns normally (``return``)."""
+    worker exits (``exit``, once the test has seen both processes and written ``<marker>.go``)
+    or returns normally (``return``)."""
     child = os.fork()
     if child == 0:
         time.sleep(300)
         os._exit(0)
-    Path(marker).write_text(f"{os.getpid()} {child}")
+    write_marker(marker, f"{os.getpid()} {child}")
     if how == "exit":
+        go = Path(marker + ".go")
+        while not go.exists():
+            time.sleep(0.01)
         os._exit(9)
     return child
 
@@ -192,8 +202,11 @@ def test_a_fork_holding_the_pipes_does_not_delay_broken_worker(
 ) -> None:
     pool = make_pool()
     future = submit(pool, fork_then, str(tmp_path / "pids"), "exit")
+    # The worker exits only once both are held here: it could otherwise be gone (and its fork
+    # ended by the driver) before the test had a handle on either.
     worker, fork = (of(pid) for pid in read_marker(tmp_path / "pids"))
     tracked += [worker, fork]
+    (tmp_path / "pids.go").touch()
     # The fork sleeps 300 s with the worker's pipes open: before, the driver waited for it.
     with pytest.raises(BrokenWorker, match="exit code 9"):
         future.result(60)
