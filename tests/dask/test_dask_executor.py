@@ -281,3 +281,29 @@ def test_files_a_task_writes_come_back_by_content(
     assert (notebook / "out" / "plot.txt").read_text() == "a plot"
     assert copied.files.copied == ("out/plot.txt", "results.csv")
     assert "copied 2 to" in capsys.readouterr().out
+
+
+def helper_value() -> int:
+    import dask_edit_helper  # type: ignore[import-not-found]
+
+    return int(dask_edit_helper.VALUE)
+
+
+def test_an_edit_to_the_working_dir_is_seen_by_the_next_call(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    """Issue 20 item 8 on Dask: each call looks at the local code again; an edited module
+    ships (one file) and runs at the next call, an unchanged tree ships nothing."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "dask_edit_helper.py").write_text("VALUE = 1\n")
+    executor = make_executor()
+    jre.init(runtime_env={"working_dir": str(work)}, executor=executor)
+    f = jre.remote(helper_value)
+    assert f.remote().result(120) == 1
+    sent = executor.bytes_sent
+    assert f.remote().result(120) == 1
+    assert executor.bytes_sent == sent  # unchanged: nothing staged again
+    (work / "dask_edit_helper.py").write_text("VALUE = 22\n")
+    assert f.remote().result(120) == 22
+    assert executor.bytes_sent - sent == len("VALUE = 22\n")  # the one changed file
