@@ -230,9 +230,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             if await self._node_gone():
                 self._lost(retired=False)
                 return
-            raise KernelStartError(
-                f"cannot signal kernel {self.kernel_id} on Dask worker {self.node}: {exc}",
-                node=self.node or "",
+            raise RuntimeEnvError(
+                f"cannot signal kernel {self.kernel_id} on Dask worker {self.node}: {exc}"
             ) from None
 
     async def shutdown_requested(self, restart: bool = False) -> None:
