@@ -112,6 +112,16 @@ class ClusterLink:
             self.client.register_plugin(NodeKernelsPlugin())
             self._plugins = True
 
+    def connected(self) -> bool | None:
+        """Whether the client talks to the scheduler: ``True``; ``None`` while it tries to
+        reconnect (a scheduler that went away, for up to the client's timeout); ``False``
+        once it gave up (the scheduler is gone, and Dask workers close when they lose their
+        scheduler: the kernels on them went too)."""
+        status = str(self.client.status)
+        if status == "running":
+            return True
+        return None if status in ("connecting", "newly-created") else False
+
     def nodes(self) -> list[str]:
         """The addresses of the cluster's workers now."""
         info = self.client.scheduler_info(n_workers=-1)

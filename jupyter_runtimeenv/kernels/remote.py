@@ -186,6 +186,12 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         self._polled = now
         from ..dask.node_kernels import node_kernel_poll
 
+        connected = self._link.connected() if self._link is not None else False
+        if connected is None:
+            return None  # the client is reconnecting: asking the node now would wait
+        if not connected:
+            self._lost(retired=False)
+            return self._exit
         try:
             answer = await self._call(
                 node_kernel_poll, self.kernel_id, timeout=self.request_timeout
@@ -443,7 +449,7 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         """Whether the kernel's node is no longer a worker of the cluster."""
         if self._link is None or self.node is None:
             return True
-        if self.failure is not None:
+        if self.failure is not None or self._link.connected() is False:
             return True
         try:
             nodes = await asyncio.wait_for(
@@ -505,6 +511,8 @@ class DaskKernelProvisioner(KernelProvisionerBase):
         """The kernel's node is gone: the kernel is dead for good, told once, by name."""
         if self.failure is not None:
             return
+        if not why and self._link is not None and self._link.connected() is False:
+            why = f"was lost with the Dask scheduler {self.scheduler} (it cannot be reached)"
         what = why or ("was retired" if retired else "left the cluster (lost)")
         self.failure = f"kernel {self.kernel_id} is dead: its Dask worker {self.node} {what}"
         self._exit = LOST if self._exit is None else self._exit

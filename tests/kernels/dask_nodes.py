@@ -201,6 +201,12 @@ class DaskNodes:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def kill_scheduler(self) -> int:
+        """SIGKILL the scheduler process (its workers close when they lose it); its pid."""
+        pid = self.procs[0].pid
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
     def stop(self) -> None:
         """Stop every process of the cluster and whatever they started; wait for them."""
         if self.client is not None:

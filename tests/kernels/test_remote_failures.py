@@ -158,6 +158,34 @@ def test_a_killed_node_makes_its_kernel_dead_with_one_message(tmp_path: Path) ->
         cluster.stop()
 
 
+def test_a_killed_scheduler_makes_its_kernel_dead_with_one_message(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    cluster = DaskNodes(tmp_path / "root")
+    try:
+        install(tmp_path, "orphan", {}, cluster.address)
+        specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
+        km = KernelManager(kernel_name="orphan", kernel_spec_manager=specs)
+        km.start_kernel()
+        try:
+            node = km.provisioner.node  # type: ignore[union-attr]
+            kernel_pid = cluster.node_kernels()[node][km.kernel_id]["pid"]
+            cluster.kill_scheduler()
+            # Dask workers close when they lose their scheduler, and take their kernels.
+            wait_until(lambda: not alive(kernel_pid), 60, "the kernel to end with its node")
+            # The client gives up reconnecting after its timeout (30 s): then the kernel
+            # is dead, once, by name (until then it may only be unreachable).
+            wait_until(lambda: not km.is_alive(), 120, "the kernel manager to see it dead")
+            failure = km.provisioner.failure  # type: ignore[union-attr]
+            assert failure == (
+                f"kernel {km.kernel_id} is dead: its Dask worker {node} was lost with the"
+                f" Dask scheduler {cluster.address} (it cannot be reached)"
+            )
+        finally:
+            km.shutdown_kernel(now=True)  # quick: nothing to ask
+    finally:
+        cluster.stop()
+
+
 def _processes_with(marker: str) -> list[int]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):

@@ -71,7 +71,9 @@ async def eventually(predicate: Any, timeout: float, what: str) -> None:
 
 
 async def start(jp_fetch: Any, name: str) -> str:
-    response = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
+    # A start builds the env on a node first: minutes on a loaded machine, not 20 s.
+    body = json.dumps({"name": name})
+    response = await jp_fetch("api", "kernels", method="POST", body=body, request_timeout=240)
     return str(json.loads(response.body)["id"])
 
 
@@ -119,7 +121,7 @@ async def test_the_build_shows_in_the_event_stream_and_the_server_talks_to_the_n
     assert ready
     assert all("key" not in json.dumps(e) for e in mine)
 
-    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE", request_timeout=120)
     await eventually(lambda: "stopped" in recorder.kinds(kernel_id), 30, "the stopped event")
 
 
