@@ -75,14 +75,13 @@ def kernel_on_nodes(nodes: DaskNodes, kernel_id: str) -> tuple[str, dict[str, An
 def test_a_server_restarts_its_kernel_on_the_node_and_shuts_it_down_when_it_stops(
     nodes: DaskNodes, tmp_path: Path
 ) -> None:
-    install_kernelspec(
-        "crunch", {"env_vars": {"K": "v"}}, prefix=str(tmp_path), dask=nodes.address
-    )
+    install_kernelspec("crunch", {"env_vars": {"K": "v"}}, prefix=str(tmp_path), dask=nodes.address)
     server = serve(tmp_path)
     try:
         kernel_id = call(server, "POST", "api/kernels", {"name": "crunch"})["id"]
         found = kernel_on_nodes(nodes, kernel_id)
-        assert found is not None and found[1]["running"]
+        assert found is not None
+        assert found[1]["running"]
         node, first = found
         assert nodes.worker_pids()[node] == ancestors(first["pid"])[0]
 
@@ -90,7 +89,9 @@ def test_a_server_restarts_its_kernel_on_the_node_and_shuts_it_down_when_it_stop
         call(server, "POST", f"api/kernels/{kernel_id}/restart")
         wait_until(lambda: not alive(first["pid"]), 60, "the old kernel to end")
         again = kernel_on_nodes(nodes, kernel_id)
-        assert again is not None and again[0] == node and again[1]["running"]
+        assert again is not None
+        assert again[0] == node
+        assert again[1]["running"]
         assert again[1]["pid"] != first["pid"]
         assert nodes.worker_pids()[node] == ancestors(again[1]["pid"])[0]
 
@@ -106,7 +107,8 @@ def test_a_server_restarts_its_kernel_on_the_node_and_shuts_it_down_when_it_stop
         server = serve(tmp_path)
         second = call(server, "POST", "api/kernels", {"name": "crunch"})["id"]
         found = kernel_on_nodes(nodes, second)
-        assert found is not None and found[1]["running"]
+        assert found is not None
+        assert found[1]["running"]
         call(server, "DELETE", f"api/kernels/{second}")
         wait_until(lambda: not alive(found[1]["pid"]), 60, "the second kernel to end")
         assert kernel_on_nodes(nodes, second) is None
