@@ -119,6 +119,46 @@ def test_the_kernel_runs_on_a_node_in_its_env_and_shutdown_leaves_nothing(
     assert all(f"kernel:{km.kernel_id}" not in e["holders"] for e in envs)
 
 
+def test_local_code_reaches_the_node_by_content(nodes: DaskNodes, tmp_path: Path) -> None:
+    """The spec's working_dir and py_modules travel to the node as blobs (the node has no
+    path of the server's): the kernel imports them from its node's cache and runs there."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "helper.py").write_text("VALUE = 'from-the-working-dir'\n")
+    (code / "data.txt").write_text("beside the code\n")
+    lib = tmp_path / "lib" / "shipped"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("NAME = 'from-py-modules'\n")
+    spec = {"working_dir": str(code), "py_modules": [str(lib)]}
+    install_kernelspec("with-code", spec, prefix=str(tmp_path), dask=nodes.address)
+    km = kernel_manager(tmp_path, "with-code")
+    km.start_kernel()
+    client = km.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        cell = (
+            "import os, helper, shipped\n"
+            "print(helper.VALUE, shipped.NAME, open('data.txt').read().strip() == 'beside the"
+            " code', os.getcwd(), helper.__file__, shipped.__file__, sep='|')"
+        )
+        reply, messages = run(client, cell)
+        assert reply["status"] == "ok", reply
+        value, name, beside, cwd, helper_file, shipped_file = (
+            stream(messages, "stdout").strip().split("|")
+        )
+        assert (value, name, beside) == ("from-the-working-dir", "from-py-modules", "True")
+        roots = [root.resolve() for root in nodes.cache_roots]
+        # The node's copies, below a node's cache root, never the server's paths.
+        for path in (cwd, helper_file, shipped_file):
+            assert any(Path(path).resolve().is_relative_to(r) for r in roots), (path, roots)
+            assert not path.startswith(str(tmp_path / "code"))
+            assert not path.startswith(str(tmp_path / "lib"))
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def test_stdout_stderr_and_rich_output_come_back(
     started: tuple[KernelManager, BlockingKernelClient],
 ) -> None:
