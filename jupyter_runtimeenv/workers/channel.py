@@ -86,9 +86,10 @@ class Channel:
     def running(self) -> int:
         """The id of the call the worker has started and not answered, or 0."""
         status = self.status
-        if status is None or status.closed:
+        try:
+            task_id: int = protocol.STATUS.unpack_from(status)[0] if status is not None else 0
+        except ValueError:  # closed meanwhile: the worker is gone
             return 0
-        task_id: int = protocol.STATUS.unpack_from(status)[0]
         return task_id
 
     # -- sending (under the worker's send lock) ---------------------------------------------

@@ -63,6 +63,7 @@ class RemoteFuture(Future[T]):
         hook, self._cancel_hook = self._cancel_hook, None
         if hook is not None:
             hook(self)
+        self._probe = None  # it holds the worker: a cancelled future kept by the user must not
         return True
 
     def result(self, timeout: float | None = None) -> T:

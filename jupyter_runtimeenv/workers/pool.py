@@ -322,7 +322,13 @@ class Pool:
                 idle = self._idle.pop()
                 self._refill(idle)
                 handoff.append(idle)
-            if not worker.ready and not any(w.ready for w in self._workers):
+            if worker.preloading:
+                # It died (or hung) importing what the pool learned: the next one starts
+                # without it rather than the same way.
+                log.warning("worker pid %s failed to preload the pool's imports", worker.pid)
+                self.learn_imports = False
+                self._imports.clear()
+            elif not worker.ready and not any(w.ready for w in self._workers):
                 # It could not even start: the next one would not either. Fail the queue.
                 failed, self._queue = list(self._queue), deque()
             spawn = self._reserve_worker()

@@ -337,6 +337,11 @@ class WorkerProcess:
     _preloading = False
     _deadline = 0.0
 
+    @property
+    def preloading(self) -> bool:
+        """Between HELLO and READY: importing what the pool learned."""
+        return self._preloading
+
     def _notice(self, kind: int, payload: bytes | bytearray) -> None:
         """A frame that answers no call."""
         channel = self.channel

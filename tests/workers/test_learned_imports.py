@@ -4,6 +4,7 @@ and never the user's own modules."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import submit
 
+from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers.pool import Pool
 
 MakePool = Callable[..., Pool]
@@ -57,3 +59,31 @@ def test_a_new_worker_imports_what_the_pool_learned(
     assert busy.result(60) == first
     assert second != first
     assert found == [learn, False]
+
+
+def test_a_worker_that_dies_preloading_turns_learning_off(
+    make_pool: MakePool, ctx: EnvContext, tmp_path: Path
+) -> None:
+    """A learned module that kills a new worker at import (here: once a marker exists) does
+    not take the pool down: the pool forgets what it learned and the next worker starts
+    without it."""
+    packages = tmp_path / "lib" / "site-packages"  # learnable: an installed package's path
+    packages.mkdir(parents=True)
+    marker = tmp_path / "crash now"
+    (packages / "crashy_on_import.py").write_text(
+        f"import os\nif os.path.exists({str(marker)!r}):\n    os._exit(9)\n"
+    )
+    paths = (*ctx.driver_sys_path, str(packages))  # every worker can import it
+    pool = make_pool(dataclasses.replace(ctx, driver_sys_path=paths), max_workers=2)
+    first = submit(pool, import_modules, ["crashy_on_import"], str(packages)).result(60)
+    assert "crashy_on_import" in pool._imports
+    marker.write_text("yes")
+    trigger = tmp_path / "trigger"
+    trigger.write_text("hold")
+    busy = submit(pool, hold, str(trigger))
+    second, found = submit(pool, imported, ["crashy_on_import"]).result(60)
+    trigger.unlink()
+    assert busy.result(60) == first
+    assert second != first
+    assert found == [False]
+    assert not pool.learn_imports
