@@ -8,7 +8,7 @@ W2 (sequential round trips on an idle worker, median of batches of 100), both
 through the public API on a ``LocalExecutor`` (no agent: a fixed context), the function
 pickled by value as a notebook's is. The floor is measured in the same run: a raw pipe
 round trip between two processes (1 / that, for throughput). The machine is shared: the
-load average is printed with the numbers. ``Pool.PIPELINE_DEPTH`` was chosen from this.
+load average is printed with the numbers. ``habits.PIPELINE_DEPTH`` was chosen from this.
 """
 
 from __future__ import annotations

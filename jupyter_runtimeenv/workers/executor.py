@@ -35,8 +35,9 @@ from ..spec import RuntimeEnvSpec, merge, refresh
 from . import files
 from .channel import driver_arena
 from .future import RemoteFuture, Task
+from .habits import PIPELINE_DEPTH
 from .output import OutputTarget
-from .pool import PIPELINE_DEPTH, Pool
+from .pool import Pool
 from .serialize import prepare_call
 
 

@@ -24,11 +24,11 @@ it runs and the next ones, already in its socket, so it never waits for the driv
 two calls and the driver sends and reads them in batches. Only *short* calls are pipelined:
 the pool keeps, per function, a decaying maximum of the durations its workers report, and a
 call joins a worker's pipeline only if its function and the one the worker runs are under
-``SHORT_CALL`` (a first call, or a long one, runs alone: nothing waits behind it while
+``habits.SHORT_CALL`` (a first call, or a long one, runs alone: nothing waits behind it while
 another worker could take it). Nor does a call join a pipeline when the pool may still start
 a worker for it, or when its output goes elsewhere than the calls ahead of it (another cell:
-output read in one batch could not be told apart). ``PIPELINE_DEPTH`` was chosen by
-measurement (``benchmarks/bench_pipeline.py``).
+output read in one batch could not be told apart). ``habits.PIPELINE_DEPTH`` was chosen by
+measurement (``benchmarks/bench_pipeline.py``). What the pool learns lives in ``habits``.
 
 A worker that dies fails the call it may have run (the one its status word names, see
 ``protocol``) with ``BrokenWorker``; every other call it held never started there and goes
@@ -40,7 +40,7 @@ sends CANCEL (it skips the call) and kills the worker only if the call runs alre
 worker is then ``retired``: it takes no other call.
 
 Learned imports: workers report the modules their calls imported from installed packages or
-the standard library (``_serve``); the pool keeps them in order (up to ``MAX_LEARNED``) and a
+the standard library (``_serve``); the pool keeps them in order (up to ``habits.MAX_LEARNED``) and a
 new worker imports them after HELLO, before it takes a call (PRELOAD/READY). A pool's second
 worker then does not spend its first call importing scikit-learn while the first waits.
 
@@ -66,18 +66,10 @@ from ..errors import BrokenWorker, WorkerError
 from ._entry import WARM_VAR
 from .channel import shared_arena
 from .future import MAX_DELIVERIES, Task
-from .output import OutputTarget
+from .habits import PIPELINE_DEPTH, Habits
 from .process import WorkerProcess
 
 log = logging.getLogger(__name__)
-
-#: Calls a worker holds at most (the one it runs included); see the module docstring.
-PIPELINE_DEPTH = 8
-#: A function whose calls take less than this (seconds, decaying maximum) is pipelined.
-SHORT_CALL = 0.005
-#: Modules a pool learns at most (a new worker imports them before its first call).
-MAX_LEARNED = 5000
-_MAX_TIMED_FUNCTIONS = 1024
 
 
 class PoolState(Enum):
@@ -109,11 +101,8 @@ class Pool:
         self.keep_spare = keep_spare
         self.name = name
         self.pipeline_depth = max(1, pipeline_depth)
-        self.learn_imports = learn_imports
-        #: Function key -> decaying maximum of its calls' durations (seconds).
-        self._durations: dict[bytes, float] = {}
-        #: Modules the workers imported, in order (a dict as an ordered set).
-        self._imports: dict[str, None] = {}
+        #: Call durations per function and the modules calls imported (``habits``).
+        self.habits = Habits(learn_imports)
         self.ctx: EnvContext | None = None
         self.state = PoolState.ACQUIRING
         self._release = release
@@ -258,7 +247,7 @@ class Pool:
     def worker_hello(self, worker: WorkerProcess) -> list[str]:
         """The modules the new worker imports before it takes a call (learned imports)."""
         with self._lock:
-            return list(self._imports) if self.learn_imports else []
+            return self.habits.preload()
 
     def worker_ready(self, worker: WorkerProcess) -> None:
         with self._lock:
@@ -281,19 +270,14 @@ class Pool:
                 done.append(task)
                 if duration is not None:
                     ok += 1
-                    self._timed(task.call.key, duration / 1e9)
+                    self.habits.timed(task.call.key, duration / 1e9)
             self._refill(worker)
         self._count(worker.pid, ok, len(done) - ok)
         return done
 
     def imports_learned(self, worker: WorkerProcess, modules: list[str]) -> None:
-        if not self.learn_imports:
-            return
         with self._lock:
-            for module in modules:
-                if len(self._imports) >= MAX_LEARNED:
-                    break
-                self._imports[module] = None
+            self.habits.learned(modules)
 
     def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None:
         failed: list[Task] = []
@@ -326,8 +310,7 @@ class Pool:
                 # It died (or hung) importing what the pool learned: the next one starts
                 # without it rather than the same way.
                 log.warning("worker pid %s failed to preload the pool's imports", worker.pid)
-                self.learn_imports = False
-                self._imports.clear()
+                self.habits.stop_learning()
             elif not worker.ready and not any(w.ready for w in self._workers):
                 # It could not even start: the next one would not either. Fail the queue.
                 failed, self._queue = list(self._queue), deque()
@@ -361,7 +344,7 @@ class Pool:
 
     def _pipeline(self, task: Task) -> WorkerProcess | None:
         """A busy worker that takes ``task`` into its pipeline now, if one should."""
-        if self.pipeline_depth < 2 or self._queue or not self._short(task):
+        if self.pipeline_depth < 2 or self._queue or not self.habits.short(task):
             return None
         if len(self._workers) < self.max_workers or any(not w.ready for w in self._workers):
             return None  # a worker should start for it (or is starting): the queue asks
@@ -374,8 +357,7 @@ class Pool:
                 and worker.ready
                 and not worker.retired
                 and (best is None or len(held) < len(best.held))
-                and self._short(held[0])
-                and _same_output(held[-1].output, task.output)
+                and self.habits.may_follow(held, task)
             ):
                 best = worker
         if best is not None:
@@ -390,11 +372,7 @@ class Pool:
         held, queue = worker.held, self._queue
         while queue and len(held) < self.pipeline_depth:
             task = queue[0]
-            if held and not (
-                self._short(task)
-                and self._short(held[0])
-                and _same_output(held[-1].output, task.output)
-            ):
+            if held and not self.habits.may_follow(held, task):
                 break
             queue.popleft()
             self._assign(worker, task)
@@ -409,20 +387,6 @@ class Pool:
         worker.idle_since = time.monotonic()
         self._idle.append(worker)
         self._start_janitor()
-
-    def _short(self, task: Task) -> bool:
-        if task.raw:
-            return False
-        duration = self._durations.get(task.call.key)
-        return duration is not None and duration < SHORT_CALL
-
-    def _timed(self, key: bytes, seconds: float) -> None:
-        """A call of function ``key`` took ``seconds``: a long one counts at once, short
-        ones bring the mark down by a fifth each."""
-        old = self._durations.get(key)
-        self._durations[key] = seconds if old is None else max(seconds, old * 0.8)
-        if len(self._durations) > _MAX_TIMED_FUNCTIONS:
-            del self._durations[next(iter(self._durations))]
 
     def _count(self, pid: int, done: int, failed: int) -> None:
         """Calls of worker ``pid`` ended: ``done`` returned, ``failed`` raised, were
@@ -599,21 +563,6 @@ class Pool:
                 worker.stop()  # it exits; worker_died removes it and may close the pool
             self._janitor_wake.wait(max(0.01, oldest + self.idle_timeout - time.monotonic()))
             self._janitor_wake.clear()
-
-
-def _same_output(a: OutputTarget, b: OutputTarget) -> bool:
-    """Whether two calls' output goes to the same place (same cell, streams and name): only
-    then may they share a worker's pipeline (their output is read in one batch)."""
-    if a is b:
-        return True
-    if type(a) is not OutputTarget or type(b) is not OutputTarget:
-        return False  # a subclass (a Dask node's events) tells tasks apart: never mixed
-    return (
-        a.name == b.name
-        and a.stdout is b.stdout
-        and a.stderr is b.stderr
-        and a.context == b.context  # the same variables: O(1) for copies of one context
-    )
 
 
 def _as_broken(error: WorkerError) -> WorkerError:

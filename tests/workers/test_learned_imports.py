@@ -49,8 +49,8 @@ def test_a_new_worker_imports_what_the_pool_learned(
     pool = make_pool(max_workers=2, learn_imports=learn)
     names = [STDLIB, "users_own_module"]
     first = submit(pool, import_modules, names, str(user)).result(60)
-    assert (STDLIB in pool._imports) is learn
-    assert "users_own_module" not in pool._imports
+    assert (STDLIB in pool.habits.imports) is learn
+    assert "users_own_module" not in pool.habits.imports
     trigger = tmp_path / "trigger"
     trigger.write_text("hold")
     busy = submit(pool, hold, str(trigger))  # the first worker is busy: a second one starts
@@ -76,7 +76,7 @@ def test_a_worker_that_dies_preloading_turns_learning_off(
     paths = (*ctx.driver_sys_path, str(packages))  # every worker can import it
     pool = make_pool(dataclasses.replace(ctx, driver_sys_path=paths), max_workers=2)
     first = submit(pool, import_modules, ["crashy_on_import"], str(packages)).result(60)
-    assert "crashy_on_import" in pool._imports
+    assert "crashy_on_import" in pool.habits.imports
     marker.write_text("yes")
     trigger = tmp_path / "trigger"
     trigger.write_text("hold")
@@ -86,4 +86,4 @@ def test_a_worker_that_dies_preloading_turns_learning_off(
     assert busy.result(60) == first
     assert second != first
     assert found == [False]
-    assert not pool.learn_imports
+    assert not pool.habits.learn_imports
