@@ -56,7 +56,9 @@ def die(how: str, marker: str = "") -> None:
         os.close(int(sys.argv[sys.argv.index("--fd") + 1]))
         return  # the RETURN cannot be sent: the worker exits
     if how == "sigkill":  # from outside: the test kills the pid written here
-        Path(marker).write_text(str(os.getpid()))
+        part = Path(f"{marker}.part")  # written whole: a poll never reads part of the pid
+        part.write_text(str(os.getpid()))
+        part.rename(marker)
         time.sleep(60)
     raise AssertionError(how)
 

@@ -68,8 +68,15 @@ def inspect(blob: Blob) -> tuple[bool, str, Blob]:
 
 
 def hold(blob: Blob, marker: str) -> None:
-    Path(marker).write_text(str(os.getpid()))
+    write_whole(marker, str(os.getpid()))
     time.sleep(60)
+
+
+def write_whole(path: str, text: str) -> None:
+    """Write ``text`` so that a reader polling for ``path`` never sees part of it."""
+    part = Path(f"{path}.{os.getpid()}.part")
+    part.write_text(text)
+    part.rename(path)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 60.0) -> None:
