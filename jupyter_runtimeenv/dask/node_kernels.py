@@ -116,12 +116,17 @@ class NodeKernels:
 
     # -- the build ---------------------------------------------------------------------------
 
-    async def build(self, kernel_id: str, token: str, topic: str) -> dict[str, Any]:
+    async def build(
+        self, kernel_id: str, token: str, topic: str, lease: float = 0.0
+    ) -> dict[str, Any]:
         """Build the staged env with the kernel as holder; its env id and interpreter.
+        ``lease``: the kernel's lease (seconds, 0: none) holds from now on, so a server that
+        dies before the kernel runs leaves no env reference behind.
 
         ``KernelStartError`` (one line naming this node) when it is not staged or fails.
         """
         kernel = self._kernel(kernel_id, topic)
+        self._hold(kernel, lease)
         node = self._node()
         if not self._swept:  # once per Dask worker: what crashed workers left behind
             self._swept = True
@@ -163,6 +168,14 @@ class NodeKernels:
         if kernel.ctx is not None and kernel.ctx.env_id != ctx.env_id:
             # A restart in a rebuilt env: drop the old env's reference, keep the new one.
             await node.on_agent_loop(node.agent.release(kernel.ctx.env_id, _holder(kernel_id)))
+        if self._kernels.get(kernel_id) is not kernel:
+            # Stopped while it built (its lease ran out: the server is gone).
+            await node.on_agent_loop(node.agent.release(ctx.env_id, _holder(kernel_id)))
+            raise KernelStartError(
+                f"kernel {kernel_id} was stopped on Dask worker {self.address} while its"
+                " environment was built",
+                node=self.address,
+            )
         kernel.ctx = ctx
         return {"env_id": ctx.env_id, "python": ctx.python}
 
@@ -188,10 +201,7 @@ class NodeKernels:
                 f"kernel {kernel_id} already runs on Dask worker {self.address}",
                 node=self.address,
             )
-        kernel.lease = float(options.get("lease", 0.0))
-        kernel.renewed = time.monotonic()
-        if kernel.lease and self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch_leases())
+        self._hold(kernel, float(options.get("lease", 0.0)))
         host = await asyncio.to_thread(node_ip, self.address)
         variables = {
             **env,
@@ -212,6 +222,12 @@ class NodeKernels:
             float(options.get("start_timeout", 120.0)),
             bool(options.get("encrypt", False)),
         )
+
+    def _hold(self, kernel: NodeKernel, lease: float) -> None:
+        """The kernel's lease starts (again) now; the node watches leases from then on."""
+        kernel.lease, kernel.renewed = lease, time.monotonic()
+        if lease and self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch_leases())
 
     def _exited(self, kernel: NodeKernel, pid: int, code: int) -> None:
         """A kernel's waiter thread: tell the provisioner at once (``poll`` would, later)."""
@@ -313,9 +329,11 @@ class NodeKernels:
         while True:
             await asyncio.sleep(LEASE_CHECK_SECONDS)
             now = time.monotonic()
+            # Running or not (built and never started, exited, between restarts): a
+            # kernel still holds its env reference until it is stopped.
             expired = [
                 k for k in list(self._kernels.values())
-                if k.lease and running(k) and now - k.renewed > k.lease
+                if k.lease and now - k.renewed > k.lease
             ]  # fmt: skip
             for kernel in expired:
                 log.warning(
@@ -470,9 +488,9 @@ async def node_kernel_load(token: str, dask_worker: Worker) -> dict[str, Any]:
 
 
 async def node_kernel_build(
-    kernel_id: str, token: str, topic: str, dask_worker: Worker
+    kernel_id: str, token: str, topic: str, lease: float, dask_worker: Worker
 ) -> dict[str, Any]:
-    return await _kernels_of(dask_worker).build(kernel_id, token, topic)
+    return await _kernels_of(dask_worker).build(kernel_id, token, topic, lease)
 
 
 async def node_kernel_start(

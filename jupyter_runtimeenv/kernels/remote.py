@@ -414,8 +414,13 @@ class DaskKernelProvisioner(KernelProvisionerBase):
             bytes=size,
         )
         await placement.stage_on(link, manifest, node, store)
+        if self.lease_timeout:
+            # From the build on: a server that dies before the kernel runs leaves nothing.
+            link.lease(node, str(self.kernel_id), self.lease_timeout)
         events.emit("state", f"building the environment on Dask worker {node}", state="BUILDING")
-        built = await self._call(node_kernel_build, self.kernel_id, manifest.token, self.topic)
+        built = await self._call(
+            node_kernel_build, self.kernel_id, manifest.token, self.topic, self.lease_timeout
+        )
         self.env_id = str(built["env_id"])
         events.emit(
             "state",

@@ -197,6 +197,43 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+BUILT_ONLY = """
+import json, sys, time
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+specs = KernelSpecManager(kernel_dirs=[sys.argv[1]])
+km = KernelManager(kernel_name="leased", kernel_spec_manager=specs)
+km.pre_start_kernel()  # placed, env built on the node; ipykernel not started yet
+print(json.dumps({"kernel_id": km.kernel_id, "node": km.provisioner.node}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_server_that_died_before_its_kernel_ran_leaves_no_env_reference(
+    nodes: DaskNodes, tmp_path: Path
+) -> None:
+    install(tmp_path, "leased", {"env_vars": {"BUILT": "only"}}, nodes.address, lease_timeout=6)
+    server = subprocess.Popen(
+        [sys.executable, "-c", BUILT_ONLY, str(tmp_path / "share" / "jupyter" / "kernels")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        started = json.loads(server.stdout.readline())
+        kernel_id, node = started["kernel_id"], started["node"]
+        holder = f"kernel:{kernel_id}"
+        assert any(holder in e["holders"] for e in nodes.node_envs()[node])
+        server.kill()  # dies between the build and the kernel's start
+        server.wait(timeout=30)
+        wait_until(lambda: kernel_id not in nodes.node_kernels()[node], 60, "the lease to end")
+        assert all(holder not in e["holders"] for e in nodes.node_envs()[node])
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=30)
+
+
 SERVER = """
 import json, sys, time
 from jupyter_client.kernelspec import KernelSpecManager
