@@ -42,7 +42,14 @@ from .serialize import prepare_call
 
 
 class Executor(abc.ABC):
-    """Runs ``function(*args, **kwargs)`` in ``runtime_env``; called by ``RemoteFunction``."""
+    """Runs ``function(*args, **kwargs)`` in ``runtime_env``; called by ``RemoteFunction``.
+
+    An executor with ``keeps_affinity`` also takes ``submit(..., affinity=KEY)``: calls with
+    the same key run one after another in one worker kept for them (``%%remote`` keeps a
+    cell namespace there), until ``release_affinity(KEY)``.
+    """
+
+    keeps_affinity = False
 
     @abc.abstractmethod
     def submit(
@@ -68,6 +75,16 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def shutdown(self) -> None:
         """Stop every worker and release every environment. Idempotent."""
+
+    def release_affinity(self, key: str) -> None:  # noqa: B027 (optional hook)
+        """Stop the worker kept for ``key`` (its state goes with it). Default: nothing."""
+
+    def affinity_pid(self, key: str) -> int | None:
+        """The pid of the live worker kept for ``key``; ``None`` if there is none."""
+        return None
+
+    def label_affinity(self, key: str, label: str) -> None:  # noqa: B027 (optional hook)
+        """Say what ``key``'s worker is kept for (the kernel's report shows it)."""
 
     def prestart(self, runtime_env: RuntimeEnvSpec) -> None:  # noqa: B027 (optional hook)
         """Start a worker for ``runtime_env`` before its first task, where the executor can.
@@ -96,6 +113,8 @@ class LocalExecutor(Executor):
     ``pipeline_depth`` (calls a worker holds at most; 1: no pipelining) and ``learn_imports``
     (new workers import what earlier calls imported) go to every pool (see ``Pool``).
     """
+
+    keeps_affinity = True
 
     def __init__(
         self,
@@ -138,12 +157,13 @@ class LocalExecutor(Executor):
         name: str,
         retries: int = 0,
         files_out: Sequence[str] = (),
+        affinity: str | None = None,
     ) -> RemoteFuture[Any]:
         future: RemoteFuture[Any] = RemoteFuture(name)
         # Pickled now (an unpicklable argument raises here); large buffers are copied into
         # shared memory now, so changing an argument after .remote() changes nothing.
         call = prepare_call(0, function, args, kwargs, name, driver_arena())
-        task = Task.of(call, future, OutputTarget.capture(name))
+        task = Task.of(call, future, OutputTarget.capture(name), affinity)
         here = os.getcwd()  # beside the notebook: where files_out go
         chosen: list[Pool] = []
         future.add_finisher(lambda: _report_files(chosen[-1], task, files_out, here))
@@ -161,6 +181,22 @@ class LocalExecutor(Executor):
         with self._lock:
             self._shut = True
         self._finalizer()
+
+    def release_affinity(self, key: str) -> None:
+        for pool in self.pools:
+            if pool.release_affinity(key):
+                return
+
+    def affinity_pid(self, key: str) -> int | None:
+        for pool in self.pools:
+            pid = pool.affinity_pid(key)
+            if pid is not None:
+                return pid
+        return None
+
+    def label_affinity(self, key: str, label: str) -> None:
+        for pool in self.pools:
+            pool.label_affinity(key, label)
 
     def prestart(self, runtime_env: RuntimeEnvSpec) -> None:
         """Start the first worker of ``runtime_env``'s pool now (see ``Pool.prestart``): the

@@ -139,6 +139,7 @@ class Task:
         "__weakref__",
         "_call",
         "_packed",
+        "affinity",
         "deliveries",
         "future",
         "id",
@@ -156,6 +157,7 @@ class Task:
         *,
         raw: bool = False,
         sources: dict[str, str] | None = None,
+        affinity: str | None = None,
     ) -> None:
         self.payload = payload
         self.future = future
@@ -169,13 +171,22 @@ class Task:
         #: Workers it was handed to. One that dies before starting it puts the task back in
         #: the queue (it never ran), at most ``MAX_DELIVERIES`` times in all.
         self.deliveries = 0
+        #: Tasks with the same key run one after another in one worker kept for them (a
+        #: ``%%remote`` namespace lives there); see ``Pool``.
+        self.affinity = affinity
         self._call: Call | None = None
         self._packed: bytes | None = None
 
     @classmethod
-    def of(cls, call: Call, future: RemoteFuture[Any], output: OutputTarget) -> Task:
+    def of(
+        cls,
+        call: Call,
+        future: RemoteFuture[Any],
+        output: OutputTarget,
+        affinity: str | None = None,
+    ) -> Task:
         """A task for a prepared call (``serialize.prepare_call``)."""
-        task = cls(b"", future, output, sources=call.sources)
+        task = cls(b"", future, output, sources=call.sources, affinity=affinity)
         call.task_id = task.id
         task._call, task._packed = call, task.payload
         if call.segment is not None:  # its shared memory goes back once nobody needs it

@@ -44,6 +44,15 @@ the standard library (``_serve``); the pool keeps them in order (up to ``habits.
 new worker imports them after HELLO, before it takes a call (PRELOAD/READY). A pool's second
 worker then does not spend its first call importing scikit-learn while the first waits.
 
+Affinity: tasks with the same ``Task.affinity`` key run in one worker, kept for that key
+(a *sticky* worker: a ``%%remote`` cell's remote namespace lives in it), one at a time, never
+pipelined. The first such task binds an idle worker, or a new one started for it at once
+(kept workers do not count towards ``max_workers``, so a cell never waits behind busy tasks,
+nor holds them back); later ones queue for that worker only. A kept worker takes no other
+task and is never stopped for being idle; ``release_affinity(key)`` stops it (after what it
+runs), and its death unbinds the key (the next task of the key binds a new worker, whose
+state starts empty).
+
 Locking: one lock guards the queue, the worker set and each worker's ``held``/``outbox``;
 nothing that blocks (sending, spawning, settling futures, releasing) runs under it.
 """
@@ -118,6 +127,11 @@ class Pool:
         # may run at once, inside _assign, under _lock.
         self._counts: dict[int, list[int]] = {}
         self._counts_lock = threading.Lock()
+        # affinity key <-> the worker kept for it (see the module docstring)
+        self._sticky: dict[str, WorkerProcess] = {}
+        self._bound: dict[WorkerProcess, str] = {}
+        self._labels: dict[str, str] = {}
+        self._releasing: set[WorkerProcess] = set()  # let go while busy: stop when done
         _live_pools.add(self)
         _register_atexit()
         _notify()  # a new pool is a change the kernel's report shows
@@ -149,6 +163,10 @@ class Pool:
                     "busy": bool(w.held),
                     "tasks_done": counts.get(w.pid, (0, 0))[0],
                     "tasks_failed": counts.get(w.pid, (0, 0))[1],
+                    # what a kept worker is kept for (a %%remote namespace), else None
+                    "sticky": self._labels.get(self._bound[w], self._bound[w])
+                    if w in self._bound
+                    else None,
                 }
                 for w in sorted(self._workers, key=lambda w: w.pid)
                 if w.pid
@@ -169,20 +187,29 @@ class Pool:
             return False
         task.call  # noqa: B018 - a payload that is no call fails here, not under the lock
         spawn = spare = None
+        starting: list[WorkerProcess] = []
         with self._lock:
             if self.closed:
                 return False
             task.future.set_cancel_hook(lambda _future: self._cancel(task))
-            worker = self._idle.pop() if self._idle else None
-            if worker is not None:
-                self._assign(worker, task)
-                spare = self._reserve_spare()
-            elif self._pipeline(task) is None:
-                self._queue.append(task)
-                spawn = self._reserve_worker()
-            # else: it joined a busy worker's outbox, which that worker's reader thread sends
-            # with its next answers (the calls ahead of it were sent, or are in that batch):
-            # no system call here, where a burst of .remote() calls is being made.
+            if task.affinity is not None:
+                worker = self._sticky_worker(task.affinity)
+                if worker is not None:
+                    self._assign(worker, task)
+                else:
+                    self._queue.append(task)
+                    starting = self._reserve_sticky()
+            else:
+                worker = self._idle.pop() if self._idle else None
+                if worker is not None:
+                    self._assign(worker, task)
+                    spare = self._reserve_spare()
+                elif self._pipeline(task) is None:
+                    self._queue.append(task)
+                    spawn = self._reserve_worker()
+                # else: it joined a busy worker's outbox, which that worker's reader thread
+                # sends with its next answers (the calls ahead of it were sent, or are in
+                # that batch): no system call here, where a burst of .remote() calls is made.
         if worker is not None:
             worker.flush()
             _notify()
@@ -190,7 +217,40 @@ class Pool:
             self._start(spawn)
         if spare is not None:
             self._start_soon(spare)
+        for each in starting:
+            self._start(each)
         return True
+
+    def release_affinity(self, key: str) -> bool:
+        """Let ``key``'s worker go: it is stopped once it holds no call (its state with
+        it). Who calls it: ``LocalExecutor.release_affinity`` (``%%remote --fresh``, an env
+        that changed). Whether this pool had the key."""
+        with self._lock:
+            worker = self._sticky.pop(key, None)
+            self._labels.pop(key, None)
+            if worker is None:
+                return False
+            del self._bound[worker]
+            idle = not worker.held and worker.ready
+            if not idle:
+                self._releasing.add(worker)  # stopped by _refill when its calls are done
+        if idle:
+            worker.stop()  # it exits; worker_died removes it
+        _notify()
+        return True
+
+    def label_affinity(self, key: str, label: str) -> None:
+        """What ``stats()`` says ``key``'s worker is kept for (the sidebar shows it)."""
+        with self._lock:
+            if key in self._sticky:
+                self._labels[key] = label[:200]
+        _notify()
+
+    def affinity_pid(self, key: str) -> int | None:
+        """The pid of the live worker kept for ``key``, if there is one."""
+        with self._lock:
+            worker = self._sticky.get(key)
+            return worker.pid if worker is not None and worker.pid else None
 
     def prestart(self) -> None:
         """Start one worker now if the pool has none, so the first task finds it started
@@ -287,6 +347,7 @@ class Pool:
             self._workers.discard(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
+            self._unbind(worker)
             held, running = list(worker.held), worker.running()
             worker.held.clear()
             worker.outbox.clear()
@@ -302,10 +363,13 @@ class Pool:
                 if not self._redeliver(task):
                     broken.append(task)
             broken.reverse()
-            while self._idle and self._queue:  # idle workers take them now
-                idle = self._idle.pop()
-                self._refill(idle)
-                handoff.append(idle)
+            for idle in list(reversed(self._idle)):  # idle workers take them now
+                if not self._queue:
+                    break
+                self._idle.remove(idle)
+                self._refill(idle)  # back among the idle if nothing was for it
+                if idle.held:
+                    handoff.append(idle)
             if worker.preloading:
                 # It died (or hung) importing what the pool learned: the next one starts
                 # without it rather than the same way.
@@ -315,6 +379,7 @@ class Pool:
                 # It could not even start: the next one would not either. Fail the queue.
                 failed, self._queue = list(self._queue), deque()
             spawn = self._reserve_worker()
+            sticky = self._reserve_sticky()
             close = self._finished() or (self.close_when_idle and self._empty())
             if close and self.state is PoolState.READY:
                 # Decided now, under the lock: a task submitted before the close thread
@@ -329,6 +394,8 @@ class Pool:
             idle.flush()
         if spawn is not None:
             self._start(spawn)
+        for started in sticky:
+            self._start(started)
         if close:
             self._close_soon()
         _notify()
@@ -344,12 +411,14 @@ class Pool:
 
     def _pipeline(self, task: Task) -> WorkerProcess | None:
         """A busy worker that takes ``task`` into its pipeline now, if one should."""
-        if self.pipeline_depth < 2 or self._queue or not self.habits.short(task):
+        queued = any(t.affinity is None for t in self._queue)  # a key's calls wait apart
+        if self.pipeline_depth < 2 or queued or not self.habits.short(task):
             return None
-        if len(self._workers) < self.max_workers or any(not w.ready for w in self._workers):
+        general = self._general()
+        if len(general) < self.max_workers or any(not w.ready for w in general):
             return None  # a worker should start for it (or is starting): the queue asks
         best: WorkerProcess | None = None
-        for worker in self._workers:
+        for worker in general:
             held = worker.held
             if (
                 held
@@ -370,11 +439,29 @@ class Pool:
         if worker not in self._workers or self.state is PoolState.CLOSED or worker.retired:
             return
         held, queue = worker.held, self._queue
+        if worker in self._releasing:  # its key was let go while it ran
+            if not held:
+                self._releasing.discard(worker)
+                worker.stop()
+            return
+        key = self._bound.get(worker)
+        if key is not None:  # kept for a key: its key's calls, one at a time
+            if not held and (task := self._take(key)) is not None:
+                self._assign(worker, task)
+            if held or self.state is not PoolState.DRAINING:
+                return  # busy, or kept: not idle, never reaped
+            self._unbind(worker)
         while queue and len(held) < self.pipeline_depth:
             task = queue[0]
+            if task.affinity is not None:  # a key's call: _take finds it its worker
+                break
             if held and not self.habits.may_follow(held, task):
                 break
             queue.popleft()
+            self._assign(worker, task)
+        if not held and (task := self._take(None)) is not None:
+            if task.affinity is not None:  # a key no worker is kept for: this one is now
+                self._bind(task.affinity, worker)
             self._assign(worker, task)
         if held:
             return
@@ -409,20 +496,76 @@ class Pool:
         self._queue.appendleft(task)
         return True
 
+    def _take(self, key: str | None) -> Task | None:
+        """The next queued task for a worker kept for ``key``, or for a free worker
+        (``None``): a general task, or the first task of a key no worker is kept for."""
+        for index, task in enumerate(self._queue):
+            if task.affinity == key or (
+                key is None and task.affinity is not None and task.affinity not in self._sticky
+            ):
+                del self._queue[index]
+                return task
+        return None
+
+    def _sticky_worker(self, key: str) -> WorkerProcess | None:
+        """The worker to run a task of ``key`` now: the key's, if it holds nothing, or an
+        idle one, which is then kept for the key; ``None``: queue it."""
+        worker = self._sticky.get(key)
+        if worker is not None:
+            free = not worker.held and worker.ready and not worker.retired
+            return worker if free and worker not in self._releasing else None
+        if self._idle:
+            worker = self._idle.pop()
+            self._bind(key, worker)
+            return worker
+        return None
+
+    def _bind(self, key: str, worker: WorkerProcess) -> None:
+        self._sticky[key] = worker
+        self._bound[worker] = key
+
+    def _unbind(self, worker: WorkerProcess) -> None:
+        self._releasing.discard(worker)
+        key = self._bound.pop(worker, None)
+        if key is not None and self._sticky.get(key) is worker:
+            del self._sticky[key]
+            self._labels.pop(key, None)
+
+    def _general(self) -> list[WorkerProcess]:
+        """Workers not kept for a key: the ones ``max_workers`` counts."""
+        return [w for w in self._workers if w not in self._bound]
+
     def _reserve_worker(self) -> WorkerProcess | None:
         if self.ctx is None or self.state is PoolState.CLOSED:
             return None
-        starting = sum(1 for w in self._workers if not w.ready)
-        if starting >= len(self._queue) or len(self._workers) >= self.max_workers:
+        general = self._general()
+        starting = sum(1 for w in general if not w.ready)
+        queued = sum(1 for t in self._queue if t.affinity is None)
+        if starting >= queued or len(general) >= self.max_workers:
             return None
         worker = WorkerProcess(self.ctx, self)
         self._workers.add(worker)
         return worker
 
+    def _reserve_sticky(self) -> list[WorkerProcess]:
+        """A worker, kept for its key at once, for each queued key no worker is kept for."""
+        if self.ctx is None or self.state is PoolState.CLOSED:
+            return []
+        started = []
+        for task in self._queue:
+            key = task.affinity
+            if key is not None and key not in self._sticky:
+                worker = WorkerProcess(self.ctx, self)
+                self._workers.add(worker)
+                self._bind(key, worker)
+                started.append(worker)
+        return started
+
     def _reserve_spare(self) -> WorkerProcess | None:
         if not self.keep_spare or self.state is not PoolState.READY or self._idle:
             return None
-        if any(not w.ready for w in self._workers) or len(self._workers) >= self.max_workers:
+        general = self._general()
+        if any(not w.ready for w in general) or len(general) >= self.max_workers:
             return None
         if self.ctx is None:
             return None
@@ -510,6 +653,7 @@ class Pool:
                 self.state = PoolState.READY
             while (worker := self._reserve_worker()) is not None:
                 spawn.append(worker)
+            spawn += self._reserve_sticky()
             closed = self.state is PoolState.CLOSED
             if (
                 self.keep_spare
