@@ -1,35 +1,49 @@
 """What a ``%%remote`` cell runs in its worker: ``run_cell``.
 
-Shipped by value (``cloudpickle.register_pickle_by_value`` on this module, in
-``remote_cell.py``), so an environment that cannot import ``jupyter_runtimeenv`` runs it
-too; it uses the standard library, and cloudpickle (every worker has it), only.
+Shipped by value (``cloudpickle.register_pickle_by_value`` on this module and its two
+siblings, in ``remote_cell.py``), so an environment that cannot import
+``jupyter_runtimeenv`` runs it too: the standard library and cloudpickle only (IPython and
+matplotlib when the env has them, through ``_cell_display``).
 
-The body runs like an IPython cell: top-level statements, then the last expression's value
-is the cell's value. ``display(obj)`` collects ``obj``. Values travel back pickled one by
-one, each with its ``repr`` for when it cannot be pickled here or unpickled in the driver.
-Errors come back as data, not raised: the traceback without this module's frame, so the
-driver can show it as the cell's own.
+The cell runs in its *remote namespace*: one per notebook and env, kept in this worker
+(``NAMESPACES`` in ``sys.modules``) for as long as the worker lives; the pool routes every
+cell of that namespace to this worker (``Task.affinity``). Names a cell defines and modules
+it imports are there for the next cell, as in a kernel; the inputs the kernel sends are
+bound first. The body (already through IPython's input transforms in the kernel) runs like
+an IPython cell: the last expression's value is formatted here into a mime bundle and comes
+back for the kernel to show as ``Out[n]``, unless the cell ends with ``;``; it is stored as
+``_`` in the namespace, never shipped. ``--out`` values travel pickled one by one, each with
+its ``repr`` and the versions of the packages its pickle names, for when it cannot be
+unpickled in the kernel. Errors come back as data: the traceback without this module's frame,
+and the exception described by ``_exc_state``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .._exc_state import describe, safe_str
+from ._cell_display import begin_cell, end_cell, format_object
+from ._cell_magics import RemoteShell
+
+#: The per-process registry of remote namespaces (a module, so it outlives each cell's
+#: by-value copy of this file).
+NAMESPACES = "_jupyter_runtimeenv_namespaces"
+#: Names the runner puts in a namespace: never reported as the cell's own.
+_OWN = frozenset({"__builtins__", "__name__", "get_ipython", "_", "_exit_code"})
 
 
-def _item(value: Any) -> dict[str, Any]:
-    import cloudpickle
+def _registry() -> dict[str, Any]:
+    import sys
+    import types
 
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not lose the rest
-        text = f"<{type(value).__name__} object (repr failed: {exc!r})>"
-    try:
-        blob: bytes | None = cloudpickle.dumps(value, protocol=5)
-    except Exception:
-        blob = None
-    return {"pickle": blob, "repr": text}
+    module = sys.modules.get(NAMESPACES)
+    if module is None:
+        module = types.ModuleType(NAMESPACES, "remote namespaces of %%remote cells")
+        module.__dict__["spaces"] = {}
+        sys.modules[NAMESPACES] = module
+    return module.__dict__["spaces"]  # type: ignore[no-any-return]
 
 
 def _error(exc: BaseException, skip: int) -> dict[str, Any]:
@@ -50,56 +64,171 @@ def _error(exc: BaseException, skip: int) -> dict[str, Any]:
     }
 
 
-def run_cell(
-    source: str, filename: str, inputs: dict[str, bytes], outputs: list[str]
-) -> dict[str, Any]:
-    """Run ``source`` (line numbers as in the notebook cell) with ``inputs`` defined.
+def _modules_in(blob: bytes) -> list[str]:
+    """The top-level modules a pickle names (its classes and functions), minus the
+    standard library's: the packages whose versions decide whether it unpickles."""
+    import pickletools
+    import sys
 
-    Returns ``{"displays", "value", "outputs", "error", "missing"}``: ``error`` is set when
-    the cell raised (then nothing else is), ``missing`` lists ``outputs`` the cell did not
-    define, ``outputs`` maps the others to items, each ``{"pickle", "repr"}``.
+    found: list[str] = []
+    strings: list[str] = []
+    try:
+        for opcode, arg, _pos in pickletools.genops(blob):
+            if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(str(arg))
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(strings[-2])
+            elif opcode.name in ("GLOBAL", "INST") and isinstance(arg, str):
+                found.append(arg.split(" ", 1)[0])
+    except Exception:  # a truncated or odd pickle: what was found so far
+        pass
+    tops = dict.fromkeys(name.partition(".")[0] for name in found)
+    skip = set(sys.stdlib_module_names) | {"builtins", "__main__", "cloudpickle"}
+    return [top for top in tops if top and top not in skip]
+
+
+def versions(modules: list[str]) -> dict[str, list[str]]:
+    """``{module: [distribution, version]}`` as installed here (``""`` when unknown)."""
+    import sys
+    from importlib import metadata
+
+    out: dict[str, list[str]] = {}
+    mapping: Mapping[str, list[str]] | None = None
+    for top in modules:
+        dist, version = top, ""
+        try:
+            version = metadata.version(top)
+        except Exception:
+            if mapping is None:
+                try:
+                    mapping = metadata.packages_distributions()
+                except Exception:
+                    mapping = {}
+            names = mapping.get(top) or []
+            if names:
+                dist = names[0]
+                try:
+                    version = metadata.version(dist)
+                except Exception:
+                    version = ""
+        if not version:
+            version = str(getattr(sys.modules.get(top), "__version__", "") or "")
+        out[top] = [dist, version]
+    return out
+
+
+def _item(value: Any) -> dict[str, Any]:
+    import cloudpickle
+
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not lose the rest
+        text = f"<{type(value).__name__} object (repr failed: {exc!r})>"
+    try:
+        blob: bytes | None = cloudpickle.dumps(value, protocol=5)
+        problem = ""
+    except Exception as exc:
+        blob, problem = None, f"{type(exc).__name__}: {exc}"
+    modules = versions(_modules_in(blob)) if blob is not None else {}
+    return {"pickle": blob, "repr": text[:2000], "modules": modules, "problem": problem}
+
+
+def run_cell(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one cell (see the module docstring). ``request`` holds ``source``, ``filename``,
+    ``inputs`` (name -> pickle), ``outputs`` (names), ``namespace`` (``key``, ``expected``:
+    what the kernel knows of it), ``nonce``, ``figures`` and ``quiet``.
+
+    Returns ``error`` (or None), ``value`` (the last expression's bundle, or None),
+    ``outputs`` (name -> item), ``missing``, ``changed`` (names the cell bound or rebound)
+    and ``namespace`` (pid, whether it was created now, cells run, names held).
     """
     import ast
     import builtins
     import linecache
+    import os
     import pickle
 
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    displays: list[dict[str, Any]] = []
-
-    def display(*objects: Any, **_options: Any) -> None:
-        displays.extend(_item(obj) for obj in objects)
-
-    namespace["display"] = display
+    spaces = _registry()
+    key = request["namespace"]["key"]
+    created = key not in spaces
+    if created and request["namespace"].get("expected"):
+        # The worker that held it is gone (the kernel could not know yet): run nothing,
+        # the kernel sends the cell again with every name it reads.
+        return {"lost": True, "namespace": {"pid": os.getpid(), "created": True}}
+    if created:
+        spaces[key] = {"ns": {"__name__": "__main__", "__builtins__": builtins}, "cells": 0}
+    space = spaces[key]
+    namespace: dict[str, Any] = space["ns"]
+    space["cells"] += 1
+    source, filename = request["source"], request["filename"]
     result: dict[str, Any] = {
-        "displays": displays,
+        "error": None,
         "value": None,
         "outputs": {},
-        "error": None,
         "missing": [],
+        "changed": [],
+        "namespace": {"pid": os.getpid(), "created": created, "cells": space["cells"]},
     }
-    for name, blob in inputs.items():
+    shell = RemoteShell(namespace, filename, 0)
+    namespace["get_ipython"] = lambda: shell
+    # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
+    # backend then.
+    begin_cell(request["nonce"], request["figures"])
+    for name, blob in request["inputs"].items():
         try:
             namespace[name] = pickle.loads(blob)
         except BaseException as exc:
-            result["error"] = {**_error(exc, 1), "input": name}
+            result["error"] = {
+                **_error(exc, 1),
+                "input": name,
+                "modules": versions(_modules_in(blob)),
+            }
+            if not request["namespace"].get("keep", True):
+                del spaces[key]
             return result
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
+    before = {name: id(value) for name, value in namespace.items()}
+    shown = request.get("lines") or source  # tracebacks show the cell as written
+    lines = shown.splitlines(keepends=True)
+    linecache.cache[filename] = (len(shown), None, lines, filename)
+    value = None
     try:
-        tree = ast.parse(source, filename)
-        last: ast.Expression | None = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body[-1].value)
-            del tree.body[-1]
-        exec(compile(tree, filename, "exec"), namespace)
-        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
-    except BaseException as exc:
-        result["error"] = _error(exc, 1)
+        try:
+            tree = ast.parse(source, filename)
+            last: ast.Expression | None = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body[-1].value)
+                del tree.body[-1]
+            exec(compile(tree, filename, "exec"), namespace)
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), namespace)
+        except BaseException as exc:
+            result["error"] = _error(exc, 1)
+        else:
+            if value is not None and not request.get("quiet"):
+                namespace["_"] = value
+                try:
+                    data, metadata = format_object(value)
+                except Exception as exc:  # a broken _repr_*_ shows as IPython shows it
+                    result["error"] = _error(exc, 1)
+                else:
+                    result["value"] = {"data": data, "metadata": metadata}
+    finally:
+        try:
+            end_cell()
+        except Exception as exc:  # drawing a figure failed: the cell's error, if none
+            if result["error"] is None:
+                result["error"] = _error(exc, 1)
+    result["changed"] = [
+        name for name, obj in namespace.items() if name not in _OWN and before.get(name) != id(obj)
+    ]
+    result["namespace"]["names"] = sorted(
+        name for name in namespace if name not in _OWN and not name.startswith("__")
+    )
+    if not request["namespace"].get("keep", True):
+        del spaces[key]  # an executor that keeps no worker for a namespace
+    if result["error"] is not None:
         return result
-    if value is not None:
-        result["value"] = _item(value)
-    for name in outputs:
+    for name in request["outputs"]:
         if name in namespace:
             result["outputs"][name] = _item(namespace[name])
         else:

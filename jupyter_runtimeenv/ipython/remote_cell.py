@@ -1,60 +1,81 @@
-"""``%%remote``: run a cell's body in a worker of an environment.
+"""``%%remote``: run a cell's body in its env's remote namespace, as a local cell would run.
 
 Who calls it: IPython, after ``%load_ext jupyter_runtimeenv`` registered ``RemoteCellMagics``.
 
-The body is parsed here (a syntax error is shown as a local one), the notebook names it
-reads are found from its code (or named by ``--in``) and pickled one by one (an unpicklable
-one is an error naming it), and ``_cell_runner.run_cell`` is submitted through the same
-executor as ``@remote`` tasks, so the cell's worker lives in the env's pool. The worker's
-stdout/stderr stream into the cell as they come (without the ``(task pid=N)`` prefix tasks
-get); ``display()`` calls and the last expression's value come back at the end, pickled,
-or as their ``repr`` when they cannot be. ``--out`` names are assigned in the notebook.
+The body goes through IPython's input transforms and is read here (``_remote_code``: a
+syntax error shows as a local one, a magic a worker cannot run is refused naming it). It runs
+in the env's *remote namespace* (``_remote_namespaces``): one per notebook and env, kept in
+one worker of the env's pool for all the cells of that namespace (``Task.affinity``), so
+names and imports of earlier remote cells are there; the notebook variables the cell reads
+go with it unless a remote cell changed them last. ``--fresh`` starts the namespace over (in
+a new worker), ``%remote --list`` shows each namespace and its worker.
 
-An exception shows the remote traceback with the cell's own line numbers (``Cell In[n]``);
-an interrupt cancels the task, which kills its worker (``RemoteFuture.cancel``).
+What the cell prints and shows arrives while it runs, in order (``_remote_stream``): stdout
+and stderr lines, ``display()`` outputs and figures as mime bundles made in the worker, so
+the kernel needs neither the objects' classes nor matplotlib; figures left open show after
+the cell's result, as the inline backend shows them. The last expression's value shows as
+``Out[n]`` (a ``RemoteResult``: its rendering, never the value itself) unless the cell ends
+with ``;``. ``--out`` names come back as values; one that cannot be unpickled here is named
+with its cause and stays in the remote namespace, and the others are assigned. An exception
+is raised as its own type with the remote traceback and the cell's own line numbers
+(``Cell In[n]``); an interrupt or ``--timeout`` kills the worker, which takes the
+namespace with it (said in the message).
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import concurrent.futures
 import json
 import re
+import secrets
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any
 
 import cloudpickle
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import _exc_state, api, session
-from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError
-from ..spec import parse
+from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError, WorkerError
+from ..spec import RuntimeEnvSpec, parse
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
-from . import _cell_runner
+from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
+from ._remote_code import CellCode, CodeError, names_read, prepare
+from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
+from ._remote_stream import CellStream, publish
+from ._remote_values import Unloadable, explain, load
 from .magics import argument, magic_arguments, parse_argstring
 
-__all__ = ["RemoteCellMagics", "names_read"]
+__all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
 
 # The runner goes by value: the env's interpreter need not have jupyter_runtimeenv.
-cloudpickle.register_pickle_by_value(_cell_runner)
-cloudpickle.register_pickle_by_value(_exc_state)
+for _module in (_cell_runner, _cell_display, _cell_figures, _cell_magics, _exc_state):
+    cloudpickle.register_pickle_by_value(_module)
 
 #: The task name of a cell (its output lines are written without the task prefix).
 TASK_NAME = _cell_runner.run_cell.__name__
 #: IPython's own history names, never sent implicitly.
 _HISTORY_NAME = re.compile(r"^(_+|_i+|_i?\d+|_(ih|oh|dh))$")
+_NAME_IN_MESSAGE = re.compile(r"'([A-Za-z_][A-Za-z_0-9]*)'")
 
 
-def names_read(tree: ast.AST) -> list[str]:
-    """Every name the code loads (at any depth), in order of first appearance."""
-    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-    loads.sort(key=lambda n: (n.lineno, n.col_offset))
-    return list(dict.fromkeys(n.id for n in loads))
+class RemoteResult:
+    """The value of a ``%%remote`` cell's last expression, as shown: ``Out[n]`` holds this,
+    its rendering in the worker (the value stays in the remote namespace as ``_``)."""
+
+    def __init__(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self.data = data
+        self.metadata = metadata
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        return self.data, self.metadata
+
+    def __repr__(self) -> str:
+        return str(self.data.get("text/plain", ""))
 
 
 def _split_names(value: str | None, flag: str) -> list[str]:
@@ -69,7 +90,13 @@ def _split_names(value: str | None, flag: str) -> list[str]:
 
 @magics_class
 class RemoteCellMagics(Magics):
-    """The ``%%remote`` cell magic; one instance per IPython shell."""
+    """``%%remote`` (and ``%remote --list``/``--fresh``); one instance per IPython shell."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        events = getattr(shell, "events", None)
+        if events is not None and track_local_cell not in events.callbacks["post_run_cell"]:
+            events.register("post_run_cell", track_local_cell)
 
     @magic_arguments()
     @argument(
@@ -96,42 +123,126 @@ class RemoteCellMagics(Magics):
         help="copy the files the cell writes in its working dir that match PATTERN"
         " (gitignore-style: *.csv, out/) beside the notebook; may be repeated",
     )
-    @cell_magic
-    def remote(self, line: str, cell: str) -> Any:
-        """Run the cell in a worker of an environment; ``--out`` brings variables back."""
+    @argument(
+        "--fresh",
+        action="store_true",
+        help="start the env's remote namespace over, in a new worker",
+    )
+    @argument("--list", action="store_true", help="show the remote namespaces and their workers")
+    @line_cell_magic
+    def remote(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell in its env's remote namespace; ``--out`` brings variables back."""
         try:
             args = parse_argstring(RemoteCellMagics.remote, line, "remote")
         except SystemExit:  # --help (printed) or a bad flag (IPython printed the usage)
             return None
+        if args.list:
+            self._list()
+            return None
+        if cell is None:
+            if not args.fresh:
+                raise UsageError("remote: %remote takes --list or --fresh; %%remote runs a cell")
+            space, _ = self._namespace(args)
+            self._fresh(space)
+            return None
         outputs = _split_names(args.outputs, "--out")
-        source = "\n" + cell  # line 1 of the cell is the %%remote line
         number = self._cell_number(cell)
-        filename = self._cache(source, number)
-        tree = ast.parse(source, filename)  # a SyntaxError shows as a local one
-        function = self._function(args)
-        inputs, files = self._inputs(args, tree)
-        with _unprefixed():
-            future = function.remote(source, filename, inputs, outputs)
+        filename = self._cache("\n" + cell, number)
+        transform = getattr(self.shell, "transform_cell", None)
         try:
-            result: dict[str, Any] = future.result(args.timeout)
+            code = prepare(cell, filename, transform)  # a SyntaxError shows as a local one
+        except CodeError as exc:
+            raise UsageError(f"remote: {exc}") from None
+        space, spec = self._namespace(args)
+        executor = api._executor()
+        sticky = getattr(executor, "keeps_affinity", False)
+        if args.fresh:
+            self._fresh(space)
+        elif not space.held_by(executor):
+            pass  # the session's executor changed: a new namespace, nothing to say
+        elif sticky and space.cells and executor.affinity_pid(space.key) is None:
+            # Its worker died (or was stopped) since the last cell: say so now, and send
+            # this cell everything it reads.
+            self._say_lost(space)
+        nonce = secrets.token_hex(8)
+        request = {
+            "source": code.source,
+            "lines": "\n" + cell,
+            "filename": filename,
+            "outputs": outputs,
+            "nonce": nonce,
+            "figures": _figure_settings(self.shell),
+            "quiet": code.quiet,
+        }
+        extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
+        if args.files_out:
+            extra["files_out"] = tuple(args.files_out)
+        for _attempt in range(2):
+            request["inputs"], files = self._inputs(args, code, space)
+            request["namespace"] = {"key": space.key, "expected": space.expected()}
+            if not sticky:  # each cell in a namespace of its own, dropped after it
+                request["namespace"] = {"key": f"{space.key}:{space.cells}", "keep": False}
+            result = self._submit(executor, request, spec, extra, args.timeout, space)
+            if not result.get("lost"):
+                break
+            # The worker died just before this cell reached it: nothing ran. Again, with
+            # every name the cell reads.
+            self._say_lost(space)
+        try:
+            return self._deliver(result, code, space, outputs, files)
+        finally:
+            if sticky:
+                executor.label_affinity(space.key, f"%%remote namespace of {space.label}")
+
+    def _submit(
+        self,
+        executor: Any,
+        request: dict[str, Any],
+        spec: RuntimeEnvSpec,
+        extra: dict[str, Any],
+        timeout: float | None,
+        space: RemoteNamespace,
+    ) -> dict[str, Any]:
+        """Run the cell's task and wait for it; interrupts, timeouts and a dead worker
+        become one line saying what was lost."""
+        with _streams(request["nonce"]) as (out, err):
+            future = executor.submit(
+                _cell_runner.run_cell, (request,), {}, runtime_env=spec, name=TASK_NAME, **extra
+            )
+        try:
+            try:
+                result: dict[str, Any] = future.result(timeout)
+            finally:
+                out.finish()
+                err.finish()
+                self._show_after_result(out.post)
         except KeyboardInterrupt as caught:
             # The task is cancelled (its worker killed); a KeyboardInterrupt, so that "run
             # all" stops here, shown as one line.
             cancelled = interrupted([future], caught).cancelled
             raise RemoteInterrupt(
-                "%%remote cell stopped; its worker was killed", cancelled
+                f"%%remote cell stopped; its worker was killed, and {space.lost()}", cancelled
             ) from None
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise UsageError(
-                f"remote: the cell ran longer than --timeout {args.timeout:g} s;"
-                " its worker was killed"
+                f"remote: the cell ran longer than --timeout {timeout:g} s; its worker"
+                f" was killed, and {space.lost()}"
             ) from None
+        except WorkerError as exc:
+            raise UsageError(f"remote: {_first_line(exc)}; {space.lost()}") from None
         except RemoteTaskError:
             raise
         except RuntimeEnvError as exc:
             raise UsageError(f"remote: {_first_line(exc)}") from None
-        return self._deliver(result, outputs, files)
+        return result
+
+    @staticmethod
+    def _say_lost(space: RemoteNamespace) -> None:
+        print(
+            f"%%remote: the worker of {space.label} is gone: {space.lost(keep_key=True)}",
+            file=sys.stderr,
+        )
 
     # -- before --------------------------------------------------------------------------
 
@@ -153,7 +264,9 @@ class RemoteCellMagics(Magics):
             return str(compiler.cache(source, number, raw_code=f"%%remote\n{source}"))
         return f"<remote-cell-{number}>"
 
-    def _function(self, args: Any) -> api.RemoteFunction[Any, Any]:
+    def _namespace(self, args: Any) -> tuple[RemoteNamespace, RuntimeEnvSpec]:
+        """The env's spec and remote namespace; a namespace replaced because the env changed
+        lets its worker go, and says so."""
         overrides = None
         if args.runtime_env:
             try:
@@ -167,16 +280,36 @@ class RemoteCellMagics(Magics):
         try:
             if args.env:
                 session.lookup(args.env)  # an unknown name fails here, naming the declared ones
-            return api.RemoteFunction(
-                _cell_runner.run_cell,
-                overrides,
-                env_name=args.env,
-                files_out=args.files_out or (),
-            )
+            function = api.RemoteFunction(_cell_runner.run_cell, overrides, env_name=args.env)
+            spec = function._effective_env()
         except SpecError as exc:
             raise UsageError(f"remote: --env: {exc.reason}") from None
+        label = repr(args.env) if args.env else "the default env"
+        if overrides is not None:
+            label += f" with --runtime-env {overrides.canonical_json()}"
+        space, replaced = namespace_for(label, spec.env_id)
+        if replaced is not None and replaced.owner is not None:
+            self._let_go(replaced)
+            if replaced.cells and replaced.owner() is api._executor():
+                print(
+                    f"%%remote: {label} changed since its last remote cell: a new remote"
+                    f" namespace (the names of the old one are gone)",
+                    file=sys.stderr,
+                )
+        return space, spec
 
-    def _inputs(self, args: Any, tree: ast.AST) -> tuple[dict[str, bytes], dict[str, str]]:
+    def _let_go(self, space: RemoteNamespace) -> None:
+        release = getattr(api._executor(), "release_affinity", None)
+        if release is not None:
+            release(space.key)
+
+    def _fresh(self, space: RemoteNamespace) -> None:
+        self._let_go(space)
+        space.renew()
+
+    def _inputs(
+        self, args: Any, code: CellCode, space: RemoteNamespace
+    ) -> tuple[dict[str, bytes], dict[str, str]]:
         """The pickled notebook variables to send, and the code files of the functions
         among them (to name their frames in a traceback)."""
         shell: Any = self.shell
@@ -188,14 +321,15 @@ class RemoteCellMagics(Magics):
                     raise UsageError(f"remote: --in {name}: the notebook has no variable {name!r}")
         else:
             hidden = getattr(self.shell, "user_ns_hidden", {})
-            names = [
+            candidates = [
                 n
-                for n in names_read(tree)
+                for n in code.reads
                 if n in namespace
                 and n not in hidden
                 and not _HISTORY_NAME.match(n)
                 and not (hasattr(builtins, n) and namespace[n] is getattr(builtins, n))
             ]
+            names = space.to_send(candidates, namespace)
         inputs: dict[str, bytes] = {}
         files: dict[str, str] = {}
         for name in names:
@@ -214,37 +348,76 @@ class RemoteCellMagics(Magics):
 
     # -- after ---------------------------------------------------------------------------
 
-    def _deliver(self, result: dict[str, Any], outputs: list[str], files: dict[str, str]) -> Any:
-        import IPython.display
+    def _show_after_result(self, messages: list[dict[str, Any]]) -> None:
+        """Figures the cell left open: shown once the kernel has shown its result."""
+        events = getattr(self.shell, "events", None)
+        if not messages:
+            return
+        if events is None:
+            for message in messages:
+                publish(message)
+            return
 
-        display: Any = IPython.display.display  # untyped
-        for item in result["displays"]:
-            display(_load(item))
+        def show() -> None:
+            events.unregister("post_execute", show)
+            for message in messages:
+                publish(message)
+
+        events.register("post_execute", show)
+
+    def _deliver(
+        self,
+        result: dict[str, Any],
+        code: CellCode,
+        space: RemoteNamespace,
+        outputs: list[str],
+        files: dict[str, str],
+    ) -> Any:
+        shell: Any = self.shell
+        changed = [n for n in dict.fromkeys(result["changed"] + code.changes)]
         error = result["error"]
         if error is not None:
-            raise self._remote_error(error, files)
+            space.after_cell(result["namespace"], changed, shell.user_ns, {})
+            raise self._remote_error(error, files, shell.user_ns)
         if result["missing"]:
+            space.after_cell(result["namespace"], changed, shell.user_ns, {})
             names = ", ".join(repr(n) for n in result["missing"])
             raise UsageError(f"remote: --out: the cell did not define {names}")
-        values = {name: _load(item) for name, item in result["outputs"].items()}
+        values: dict[str, Any] = {}
+        failed: list[str] = []
         for name in outputs:
-            if isinstance(values[name], _Repr):
-                raise UsageError(
-                    f"remote: --out {name}: its value cannot be pickled"
-                    f" (in the worker or here): {values[name]}"
-                )
-        shell: Any = self.shell
+            try:
+                values[name] = load(result["outputs"][name])
+            except Unloadable as exc:
+                failed.append(f"--out {name}: {exc}")
         shell.push(values)
-        return None if result["value"] is None else _load(result["value"])
-
-    def _remote_error(self, error: dict[str, Any], files: dict[str, str]) -> BaseException:
-        cause, remote_type = _exc_state.rebuild(error.get("exception"), cloudpickle.loads)
-        text = self._cells(restore_frames(error["text"], files))
-        if error.get("input"):
-            return UsageError(
-                f"remote: the variable {error['input']!r} cannot be unpickled in the worker:"
-                f" {error['type']}: {error['message']}"
+        space.after_cell(result["namespace"], changed, shell.user_ns, values)
+        if failed:
+            where = "they stay" if len(failed) > 1 else "it stays"
+            raise UsageError(
+                f"remote: {'; '.join(failed)} ({where} in the remote namespace: use"
+                " it in the next %%remote cell)"
             )
+        value = result["value"]
+        return None if value is None else RemoteResult(value["data"], value["metadata"])
+
+    def _remote_error(
+        self, error: dict[str, Any], files: dict[str, str], user_ns: dict[str, Any]
+    ) -> BaseException:
+        cause, remote_type = _exc_state.rebuild(error.get("exception"), cloudpickle.loads)
+        if error.get("input"):
+            why = explain(cause or Exception(error["message"]), error.get("modules") or {}, "env")
+            return UsageError(
+                f"remote: the variable {error['input']!r} cannot be unpickled in the worker: {why}"
+            )
+        if isinstance(cause, NameError):
+            name = getattr(cause, "name", None) or _quoted_name(str(cause))
+            if name and name in user_ns:
+                return UsageError(
+                    f"remote: {name!r} is a notebook variable the cell did not send (its code"
+                    f" names it only inside a string): add --in {name}"
+                )
+        text = self._cells(restore_frames(error["text"], files))
         return RemoteTaskError.wrap("%%remote", text, cause, remote_type)
 
     def _cells(self, text: str) -> str:
@@ -264,6 +437,14 @@ class RemoteCellMagics(Magics):
 
         return _FRAME.sub(rename, text)
 
+    def _list(self) -> None:
+        spaces = namespaces()
+        if not spaces:
+            print("no remote namespaces yet (a %%remote cell starts one per env)")
+            return
+        for space in spaces:
+            print(space.describe())
+
 
 _FRAME = re.compile(
     r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)$',
@@ -276,57 +457,43 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-class _Repr:
-    """A value that came back as its ``repr`` only."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def __str__(self) -> str:
-        return self.text
+def _quoted_name(message: str) -> str | None:
+    match = _NAME_IN_MESSAGE.search(message)
+    return match.group(1) if match else None
 
 
-def _load(item: dict[str, Any]) -> Any:
-    blob = item.get("pickle")
-    if blob is not None:
-        try:
-            return cloudpickle.loads(blob)
-        except Exception:  # e.g. its class lives in a module only the worker has
-            pass
-    return _Repr(str(item.get("repr", "")))
-
-
-class _Unprefixed:
-    """A stream that drops the ``(run_cell pid=N) `` prefix of forwarded worker lines (and
-    ``(run_cell node=H:P pid=N) `` of a Dask node's), also where a ``\\r`` rewrites a line."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        # "(run_cell) " too: the line telling the files the cell wrote (workers/files.py).
-        self._prefix = re.compile(
-            rf"(^|\r)\({TASK_NAME}(?: node=\S+)?(?: pid=\d+)?\) ", re.MULTILINE
-        )
-
-    def write(self, text: str) -> int:
-        return self._stream.write(self._prefix.sub(r"\1", text))
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+def _figure_settings(shell: Any) -> dict[str, Any]:
+    """The kernel's inline-figure settings (formats, ``print_figure_kwargs``, whether
+    figures close after a cell, rc), read without importing matplotlib: the live
+    ``InlineBackend`` if matplotlib-inline is loaded, else its configuration."""
+    backend = sys.modules.get("matplotlib_inline.config")
+    if backend is not None:
+        cfg = backend.InlineBackend.instance()
+        return {
+            "formats": sorted(cfg.figure_formats),
+            "print_kwargs": dict(cfg.print_figure_kwargs),
+            "close": bool(cfg.close_figures),
+            "rc": dict(cfg.rc),
+        }
+    config = getattr(getattr(shell, "config", None), "InlineBackend", None) or {}
+    formats = config.get("figure_formats") or ["png"]
+    kwargs = {"bbox_inches": "tight", **(config.get("print_figure_kwargs") or {})}
+    return {
+        "formats": sorted(formats),
+        "print_kwargs": kwargs,
+        "close": bool(config.get("close_figures", True)),
+        "rc": dict(config.get("rc") or {}),
+    }
 
 
 @contextmanager
-def _unprefixed() -> Iterator[None]:
-    """While a cell's task is submitted, ``sys.stdout``/``stderr`` are wrapped: the task's
-    output target captures them there (``OutputTarget.capture``)."""
+def _streams(nonce: str) -> Iterator[tuple[CellStream, CellStream]]:
+    """While a cell's task is submitted, ``sys.stdout``/``stderr`` are ``CellStream``s: the
+    task's output target captures them there (``OutputTarget.capture``)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Unprefixed(saved[0]), _Unprefixed(saved[1])
+    out, err = CellStream(saved[0], TASK_NAME, nonce), CellStream(saved[1], TASK_NAME)
+    sys.stdout, sys.stderr = out, err
     try:
-        yield
+        yield out, err
     finally:
         sys.stdout, sys.stderr = saved

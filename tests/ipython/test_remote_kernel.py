@@ -117,7 +117,8 @@ def test_an_interrupt_kills_the_cells_worker_and_returns_the_kernel(
         msg = client.get_iopub_msg(timeout=30)
         if msg["msg_type"] == "error":
             assert msg["content"]["traceback"] == [
-                "KeyboardInterrupt: %%remote cell stopped; its worker was killed"
+                "KeyboardInterrupt: %%remote cell stopped; its worker was killed, and the"
+                " remote namespace of the default env was lost with it"
             ]
             break
     # The kernel is back, and the env still runs cells. (ipykernel aborts requests that

@@ -1,0 +1,222 @@
+"""What the kernel reads from a ``%%remote`` body before sending it (no I/O, no workers).
+
+Who calls it: ``remote_cell.RemoteCellMagics``. ``prepare`` runs IPython's input transforms
+on the body (so ``%time``, ``!ls``, ``x = !cmd`` become calls on ``get_ipython()``, which the
+worker's ``_cell_magics.RemoteShell`` answers), refuses a magic the worker cannot run with
+one line naming it, and finds:
+
+- the names the body reads, in order: from its code, from the statements given to
+  ``%time``/``%timeit``, from ``{expr}``/``$name`` in shell commands, and the ``@name``
+  references pandas resolves inside ``DataFrame.query``/``eval`` and ``pd.eval`` strings;
+- the names it changes in place (``df['c'] = ...``, ``obj.attr = ...``, ``x += 1``): a value
+  changed by a cell lives where that cell ran (``_remote_namespaces``);
+- whether it ends with ``;`` (IPython's rule: then its value is not shown).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._cell_magics import CELL_MAGICS, LINE_MAGICS
+
+__all__ = ["CellCode", "CodeError", "names_changed", "names_read", "prepare"]
+
+#: pandas resolves ``@name`` (and ``@name.attr``) in these methods' expression strings.
+_QUERY_METHODS = frozenset({"query", "eval"})
+_AT_NAME = re.compile(r"@([A-Za-z_][A-Za-z_0-9]*)")
+_SHELL_NAME = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)|\{([^{}]+)\}")
+_SHELL_CALLS = frozenset({"system", "getoutput"})
+
+
+class CodeError(Exception):
+    """The body asks for something a worker cannot do; the message is one line."""
+
+
+@dataclass
+class CellCode:
+    """A body ready to send."""
+
+    source: str  # transformed, line 1 empty (line 1 of the cell is the %%remote line)
+    tree: ast.Module
+    reads: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    quiet: bool = False
+
+
+def names_read(tree: ast.AST) -> list[str]:
+    """Every name the code loads (at any depth), in order of first appearance."""
+    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    loads.sort(key=lambda n: (n.lineno, n.col_offset))
+    return list(dict.fromkeys(n.id for n in loads))
+
+
+def names_changed(tree: ast.AST) -> list[str]:
+    """Names a statement rebinds or changes in place, at the top level of the cell (what
+    a function body does to its locals is its own): assignment targets, the object of a
+    ``x[...] =``/``x.a =``/``del x[...]``, augmented assignments, imports, ``def``/``class``,
+    ``for``/``with`` targets and ``:=``."""
+    found: list[str] = []
+
+    def base(node: ast.AST) -> None:
+        while isinstance(node, (ast.Subscript, ast.Attribute, ast.Starred)):
+            node = node.value
+        if isinstance(node, ast.Name):
+            found.append(node.id)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for element in node.elts:
+                base(element)
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append(node.name)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp)):
+            return
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                base(target)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            base(node.target)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                base(target)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            base(node.target)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None:
+                    base(item.optional_vars)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                found.append((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.NamedExpr):
+            base(node.target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return list(dict.fromkeys(found))
+
+
+def _query_names(tree: ast.AST) -> list[str]:
+    """``@name`` in the expression string of ``x.query(...)``/``x.eval(...)``/``pd.eval``."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in _QUERY_METHODS:
+            continue
+        strings = [node.args[0]] if node.args else []
+        strings += [kw.value for kw in node.keywords if kw.arg == "expr"]
+        for value in strings:
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                found.extend(_AT_NAME.findall(value.value))
+    return found
+
+
+def _magic_calls(tree: ast.AST) -> list[tuple[str, str, list[str]]]:
+    """``(method, magic name, string arguments)`` of each ``get_ipython().method(...)``."""
+    calls = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value
+        if not (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id == "get_ipython"
+        ):
+            continue
+        strings = [
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
+        calls.append((node.func.attr, strings[0] if strings else "", strings[1:]))
+    return calls
+
+
+def _parse_names(text: str) -> list[str]:
+    try:
+        return names_read(ast.parse(text))
+    except (SyntaxError, ValueError):
+        return []
+
+
+def _check_magics(tree: ast.AST) -> list[str]:
+    """Refuse what the worker cannot run; the names read by the magics' own code."""
+    reads: list[str] = []
+    for method, first, rest in _magic_calls(tree):
+        if method == "run_line_magic":
+            if first not in LINE_MAGICS:
+                raise CodeError(_refusal(f"%{first}"))
+            line = rest[0] if rest else ""
+            if first == "matplotlib" and line.strip() not in ("", "inline"):
+                raise CodeError(
+                    f"%matplotlib {line.strip()}: a %%remote cell shows its figures inline"
+                    " (as PNG and the kernel's figure formats)"
+                )
+            if first in ("time", "timeit"):
+                reads += _parse_names(re.sub(r"^(\s*-[nrp]\s*\d+|\s*-[qo])*", "", line))
+        elif method == "run_cell_magic":
+            if first not in CELL_MAGICS:
+                raise CodeError(_refusal(f"%%{first}"))
+            reads += _parse_names(rest[1] if len(rest) > 1 else "")
+        elif method in _SHELL_CALLS:
+            for name, expression in _SHELL_NAME.findall(first):
+                reads += [name] if name else _parse_names(expression)
+        else:
+            raise CodeError(
+                f"get_ipython().{method} cannot run in a %%remote cell: the cell runs in a"
+                " worker of the environment, not in the kernel"
+            )
+    return reads
+
+
+def _refusal(magic: str) -> str:
+    allowed = ", ".join(f"%{m}" for m in sorted(LINE_MAGICS))
+    hint = ""
+    if magic in ("%pip", "%conda", "%uv"):
+        hint = "; add packages to the env with %runtime_env --pip ..."
+    elif magic in ("%%remote", "%runtime_env", "%%runtime_env"):
+        hint = "; run it in a cell of its own"
+    return (
+        f"{magic} cannot run in a %%remote cell (a worker runs {allowed}, %%time, %%timeit,"
+        f" !cmd and x = !cmd){hint}"
+    )
+
+
+def quiet(source: str) -> bool:
+    """IPython's ``DisplayHook.semicolon_at_end_of_expression``: the last token is ``;``."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    for token in reversed(tokens):
+        if token.type in skip:
+            continue
+        return token.type == tokenize.OP and token.string == ";"
+    return False
+
+
+def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
+    """``cell`` through ``transform`` (IPython's ``transform_cell``), parsed and read.
+
+    A ``SyntaxError`` is raised as Python raises it (the kernel shows it as a local one);
+    ``CodeError`` when the body asks for what a worker cannot do.
+    """
+    body = transform(cell) if transform is not None else cell
+    source = "\n" + body  # line 1 of the cell is the %%remote line
+    tree = ast.parse(source, filename)
+    reads = names_read(tree) + _query_names(tree) + _check_magics(tree)
+    return CellCode(
+        source=source,
+        tree=tree,
+        reads=list(dict.fromkeys(reads)),
+        changes=names_changed(tree),
+        quiet=quiet(body),
+    )

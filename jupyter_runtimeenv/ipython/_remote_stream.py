@@ -1,0 +1,122 @@
+"""The kernel's end of a ``%%remote`` cell's output: its lines and its displays, in order.
+
+Who calls it: ``remote_cell``, which puts a ``CellStream`` in place of ``sys.stdout`` and one
+of ``sys.stderr`` while it submits the cell's task, so that the task's output target
+(``OutputTarget.capture``) writes through them, from the worker's reader thread (or the
+Dask executor's event handler) in the cell's context. A ``CellStream``:
+
+- drops the task prefix of forwarded lines (``(run_cell pid=N) ``, a Dask node's
+  ``(run_cell node=H:P pid=N) ``, and ``(run_cell) `` of the line telling the files the cell
+  wrote: ``workers/files.py``), at line starts and after a ``\\r``;
+- takes the display messages the worker writes into its stdout (``_cell_display.MARK`` ...
+  ``END``, the cell's nonce checked) out of the text and publishes them where they came:
+  ``display_data`` (with ``display_id``/``update``), ``clear_output``; the figures a cell
+  left open are held (``post``) until the kernel has shown the cell's result, as the
+  inline backend's post-execute hook shows them after ``Out[n]``.
+
+A message may arrive in pieces (a long line is forwarded in parts): its start is held back
+until its end arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TextIO
+
+from ._cell_display import END, MARK
+
+__all__ = ["CellStream", "publish"]
+
+
+def publish(message: dict[str, Any]) -> None:
+    """Show one display message of a worker in the current cell."""
+    from IPython import display as ipython_display
+
+    shown: Any = ipython_display  # untyped
+    if message.get("op") == "clear":
+        shown.clear_output(wait=bool(message.get("wait")))
+        return
+    extra: dict[str, Any] = {}
+    if message.get("transient"):
+        extra["transient"] = message["transient"]
+    if message.get("update"):
+        extra["update"] = True
+    shown.publish_display_data(message.get("data") or {}, message.get("metadata") or {}, **extra)
+
+
+class CellStream:
+    """``sys.stdout``/``sys.stderr`` of the kernel while a cell's task is submitted (see
+    the module docstring)."""
+
+    def __init__(self, stream: TextIO, task_name: str, nonce: str | None = None) -> None:
+        self._stream = stream
+        self._nonce = nonce
+        self._prefix = re.compile(
+            rf"(^|\r)\({re.escape(task_name)}(?: node=\S+)?(?: pid=\d+)?\) ", re.M
+        )
+        self._held = ""
+        #: Display messages to show after the cell's result (figures left open).
+        self.post: list[dict[str, Any]] = []
+
+    def write(self, text: str) -> int:
+        text = self._prefix.sub(r"\1", text)
+        if self._nonce is None:
+            return self._stream.write(text)
+        buffer, self._held = self._held + text, ""
+        while buffer:
+            start = buffer.find(MARK)
+            if start < 0:
+                keep = _partial_mark(buffer)
+                self._out(buffer[: len(buffer) - keep])
+                self._held = buffer[len(buffer) - keep :]
+                break
+            self._out(buffer[:start])
+            end = buffer.find(END, start)
+            if end < 0:
+                self._held = buffer[start:]
+                break
+            self._message(buffer[start + len(MARK) : end])
+            buffer = buffer[end + len(END) :]
+            if buffer.startswith("\n"):
+                buffer = buffer[1:]
+        return len(text)
+
+    def _out(self, text: str) -> None:
+        if text:
+            self._stream.write(text)
+
+    def _message(self, body: str) -> None:
+        nonce, _, payload = body.partition(";")
+        if nonce != self._nonce:  # not ours: the cell printed something that looks like it
+            self._out(MARK + body + END)
+            return
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            return
+        if message.get("post"):
+            self.post.append(message)
+            return
+        self._stream.flush()
+        publish(message)
+
+    def finish(self) -> None:
+        """The cell is over: text held back is written, a message cut short dropped."""
+        held, self._held = self._held, ""
+        if held and not held.startswith(MARK):
+            self._stream.write(held)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _partial_mark(text: str) -> int:
+    """How many characters at the end of ``text`` may begin a message marker."""
+    for size in range(min(len(MARK) - 1, len(text)), 0, -1):
+        if MARK.startswith(text[-size:]):
+            return size
+    return 0

@@ -1,0 +1,207 @@
+"""A notebook's ``%%remote`` cells share a remote namespace per env (issue 20 items 4, 5, 6,
+10; issue 21 item 8), in IPython's real shell with real workers of a real embedded agent.
+
+Names and imports of earlier remote cells are there; the newest binding of a name wins
+(a remote cell's, until the notebook binds or changes it again); ``--fresh`` and a dead
+worker start over, and say so; a value the kernel cannot unpickle stays remote, named with
+its cause, while the other ``--out`` names are assigned; ``@name`` in pandas query strings
+is sent; a name the code only spells in a string gets one line naming it and ``--in``;
+magics run in the worker or are refused naming them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from processes import wait_gone
+
+
+def run(shell: InteractiveShell, source: str) -> Any:
+    result = shell.run_cell(source, store_history=True)
+    return result
+
+
+def shown(result: Any) -> str:
+    assert result.success, result.error_in_exec
+    return repr(result.result)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    return lines[0]
+
+
+def test_names_and_imports_stay_for_the_next_cell(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = shown(run(shell, "%%remote\nimport os, math\nradius = 2\nos.getpid()"))
+    assert shown(run(shell, "%%remote\nround(math.pi * radius**2, 3)")) == "12.566"
+    assert shown(run(shell, "%%remote\nos.getpid()")) == first  # one worker, kept
+    assert "radius" not in shell.user_ns  # nothing came back that was not asked for
+    capsys.readouterr()
+    run(shell, "%remote --list")
+    listing = capsys.readouterr().out
+    assert "the default env (env " in listing
+    assert f"worker pid {first}, 3 cell(s)" in listing
+    assert "math, os, radius" in listing
+
+
+def test_the_newest_binding_wins(shell: InteractiveShell) -> None:
+    run(shell, "model = 'notebook'")
+    run(shell, "%%remote\nmodel = 'remote'")
+    # The notebook's older value is not sent over the remote one.
+    assert shown(run(shell, "%%remote\nmodel")) == "'remote'"
+    run(shell, "model = 'notebook again'")
+    assert shown(run(shell, "%%remote\nmodel")) == "'notebook again'"
+
+
+def test_changes_in_place_go_where_they_were_made(shell: InteractiveShell) -> None:
+    run(shell, "%%remote --out table\ntable = {'a': 1}")
+    run(shell, "table['local'] = 2")  # changed in a notebook cell: sent again
+    assert shown(run(shell, "%%remote\nsorted(table)")) == "['a', 'local']"
+    run(shell, "%%remote\ntable['remote'] = 3")  # changed remotely: the remote one is used
+    assert shown(run(shell, "%%remote\nsorted(table)")) == "['a', 'local', 'remote']"
+    assert sorted(shell.user_ns["table"]) == ["a", "local"]
+    assert shown(run(shell, "%%remote --in table\nsorted(table)")) == "['a', 'local']"
+
+
+def test_fresh_starts_over_in_a_new_worker(shell: InteractiveShell) -> None:
+    before = shown(run(shell, "%%remote\nimport os\nkept = 1\nos.getpid()"))
+    result = run(shell, "%%remote --fresh\nimport os\n('kept' in dir(), os.getpid())")
+    fresh, pid = eval(shown(result))
+    assert fresh is False
+    assert str(pid) != before
+    wait_gone([int(before)])  # the old worker was let go
+
+
+def test_a_dead_worker_says_the_namespace_was_lost(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "size = 10")
+    pid = int(shown(run(shell, "%%remote\nimport os\nsize = 20\nextra = 1\nos.getpid()")))
+    os.kill(pid, 9)
+    wait_gone([pid])
+    deadline = time.monotonic() + 30
+    capsys.readouterr()
+    while True:
+        result = run(shell, "%%remote\n(size, 'extra' in dir())")
+        err = capsys.readouterr().err
+        if "lost" in err or time.monotonic() > deadline:
+            break
+    assert "the worker of the default env is gone" in err
+    assert "extra, os, size" in err
+    # The notebook's value is sent again: the remote one died with its worker.
+    assert shown(result) == "(10, False)"
+
+
+def test_a_value_the_kernel_cannot_load_stays_remote(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "envonly.py").write_text(
+        "class Model:\n    def fit(self):\n        self.fitted = True\n        return self\n"
+        "    def score(self):\n        return 0.75 if self.fitted else 0\n"
+    )
+    spec = '{"py_modules": ["' + str(tmp_path / "envonly.py") + '"]}'
+    shell.user_ns.pop("model", None)
+    run(
+        shell,
+        f"%%remote --runtime-env '{spec}' --out model,count\n"
+        "import envonly\nmodel = envonly.Model().fit()\ncount = 3",
+    )
+    line = one_error_line(capsys)
+    assert line == (
+        "UsageError: remote: --out model: envonly is not installed in this kernel"
+        " (it stays in the remote namespace: use it in the next %%remote cell)"
+    )
+    assert shell.user_ns["count"] == 3  # the other names are assigned
+    assert "model" not in shell.user_ns
+    assert shown(run(shell, f"%%remote --runtime-env '{spec}'\nmodel.score()")) == "0.75"
+
+
+def test_query_strings_send_their_at_names(shell: InteractiveShell) -> None:
+    run(
+        shell,
+        "import pandas as pd\nframe = pd.DataFrame({'a': [1, 5, 9]})\nmu = 4\nsig = 2",
+    )
+    result = run(shell, "%%remote\nframe.query('a > @mu + @sig')['a'].tolist()")
+    assert shown(result) == "[9]"
+    result = run(shell, "%%remote\nframe.eval('a * @sig').tolist()")
+    assert shown(result) == "[2, 10, 18]"
+
+
+def test_a_name_only_in_a_string_is_one_line(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "limit = 7")
+    run(shell, "%%remote\neval('limit + 1')")
+    assert one_error_line(capsys) == (
+        "UsageError: remote: 'limit' is a notebook variable the cell did not send (its code"
+        " names it only inside a string): add --in limit"
+    )
+    assert shown(run(shell, "%%remote --in limit\neval('limit + 1')")) == "8"
+
+
+def test_magics_run_in_the_worker(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    result = run(shell, "%%remote\n%time total = sum(range(1000))\ntotal")
+    out = capsys.readouterr().out
+    assert re.search(r"CPU times: user .*, sys: .*, total: .*\nWall time: .*\n", out), out
+    assert shown(result) == "499500"
+    run(shell, "%%remote\n%timeit -n 3 -r 2 sum(range(10))")
+    out = capsys.readouterr().out
+    assert re.search(r"per loop \(mean ± std\. dev\. of 2 runs, 3 loops each\)", out), out
+    run(shell, "word = 'hello'")
+    run(shell, "%%remote\n!echo {word} $word\nlines = !echo a; echo b\nprint(lines)")
+    out = capsys.readouterr().out
+    assert "hello hello\n" in out
+    assert "['a', 'b']" in out
+    assert shown(run(shell, "%%remote\n%matplotlib inline\nimport os\n%pwd")) != ""
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("%pip install six", "UsageError: remote: %pip cannot run in a %%remote cell"),
+        ("%matplotlib qt", "UsageError: remote: %matplotlib qt: a %%remote cell shows"),
+        ("%who", "UsageError: remote: %who cannot run in a %%remote cell"),
+        ("%%bash\nls", "UsageError: remote: %%bash cannot run in a %%remote cell"),
+        ("x = 1\nx?", "UsageError: remote: %pinfo cannot run in a %%remote cell"),
+    ],
+)
+def test_magics_a_worker_cannot_run_are_refused(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str, message: str
+) -> None:
+    run(shell, f"%%remote\n{body}")
+    assert one_error_line(capsys).startswith(message)
+
+
+def test_a_trailing_semicolon_shows_nothing(shell: InteractiveShell) -> None:
+    result = run(shell, "%%remote\nvalue = [1, 2]\nvalue;")
+    assert result.success
+    assert result.result is None
+    assert shown(run(shell, "%%remote\nvalue  # a comment after the value")) == "[1, 2]"
+    assert shown(run(shell, "%%remote\n_")) == "[1, 2]"  # the remote namespace's own _
+
+
+def test_a_worker_that_lacks_the_namespace_runs_nothing() -> None:
+    """The worker kept for a namespace died just before a cell reached it (the kernel could
+    not know yet): the new worker runs nothing, and the kernel sends the cell again with
+    every name it reads (the end-to-end path is the test above)."""
+    from jupyter_runtimeenv.ipython import _cell_runner
+
+    result = _cell_runner.run_cell(
+        {"namespace": {"key": "never-seen", "expected": {"pid": 1, "names": ["a"]}}}
+    )
+    assert result == {"lost": True, "namespace": {"pid": os.getpid(), "created": True}}
+    assert "never-seen" not in _cell_runner._registry()
