@@ -16,6 +16,13 @@ over the *base* interpreter instead, skipping the venv the driver runs in.
 ``_support``). The ``.pth`` is written after the install, so installers see only the venv
 and install every requested package into it.
 
+Versions: a layered venv resolves against the parent's installed versions
+(``_constraints``): a package the kernel has keeps the kernel's version unless the request
+pins it otherwise, so values cross between the kernel and the env. If the request cannot be
+met with them, it is installed again without them, and the build log says why. An isolated
+venv resolves on its own. The parent's versions are read when the venv is built (they do not
+enter the URI: an upgrade in the kernel does not rebuild every env; ``Rebuild`` does).
+
 The resource URI is a hash of the normal request, the Python it runs on and isolation — not
 the installer: uv and pip give the same environment.
 """
@@ -36,6 +43,7 @@ from ..context import ContextBuilder
 from ..errors import BuildError
 from ..spec.model import sha256_of
 from . import _requirements as reqs
+from ._constraints import installed_versions, pins_for
 from ._interpreter import Interpreter, interpreter
 from ._support import write_support
 from ._uv import installer_env, uv_bin
@@ -116,7 +124,7 @@ class PipPlugin(RuntimeEnvPlugin):
                 what="creating the venv (uv venv)",
             )
             if value["packages"]:
-                await self._install(value, venv, python, installer, env, build)
+                await self._install(value, venv, python, installer, env, build, base)
             if installer == "pip":
                 final = build.resource_path(uri)
                 await build.to_thread(_fix_scripts, venv, final)
@@ -139,10 +147,16 @@ class PipPlugin(RuntimeEnvPlugin):
         installer: str,
         env: dict[str, str],
         build: BuildContext,
+        base: Interpreter,
     ) -> None:
         requirements = venv / "requirements.txt"
         await build.to_thread(requirements.write_text, "\n".join(value["packages"]) + "\n")
         options = reqs.split_options(value["install_options"])
+        constraints: list[str] = []
+        if not build.spec.config.isolated:
+            pinned = await build.to_thread(self._constraints, value, venv, base, build)
+            if pinned is not None:
+                constraints = ["-c", str(pinned)]
         if installer == "uv":
             argv = [uv_bin(), "pip", "install", "--python", python, "-r", str(requirements)]
         else:
@@ -150,13 +164,45 @@ class PipPlugin(RuntimeEnvPlugin):
             argv += ["--no-input", "--progress-bar", "off", "-r", str(requirements)]
         wanted = reqs.names(value["packages"]) or value["packages"]
         build.log(f"installing {', '.join(value['packages'])} with {installer}")
+        what = f"{installer} install"
         try:
-            await build.run([*argv, *options], env=env, cwd=venv, what=f"{installer} install")
+            try:
+                await build.run([*argv, *options, *constraints], env=env, cwd=venv, what=what)
+            except BuildError as exc:
+                if not constraints:
+                    raise
+                build.log(
+                    "the kernel's versions do not fit this request"
+                    f" ({_failure_message(installer, wanted, exc.output_tail)});"
+                    " installing again without them: packages the kernel also has may get"
+                    " other versions here"
+                )
+                await build.run([*argv, *options], env=env, cwd=venv, what=what)
         except BuildError as exc:
             raise BuildError(
                 _failure_message(installer, wanted, exc.output_tail),
                 output_tail=exc.output_tail,
             ) from None
+
+    @staticmethod
+    def _constraints(
+        value: dict[str, Any], venv: Path, base: Interpreter, build: BuildContext
+    ) -> Path | None:
+        """Write the parent's versions as a constraints file (see ``_constraints``); its path,
+        or ``None`` when the parent has nothing to pin. Blocking: run in a thread."""
+        lines, free = pins_for(installed_versions(base.site_dirs), value["packages"])
+        note = f"; the request pins {', '.join(free)} otherwise" if free else ""
+        if not lines:
+            if free:
+                build.log(f"the kernel has no other package to pin{note}")
+            return None
+        path = venv / "constraints.txt"
+        path.write_text("\n".join(lines) + "\n")
+        build.log(
+            f"resolving against the kernel's versions of {len(lines)} installed packages"
+            f" ({base.prefix}){note}"
+        )
+        return path
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         venv = ctx.resource_path(uris[0])
