@@ -46,7 +46,8 @@ class RemoteNamespace:
     """One env's remote namespace, as the kernel knows it."""
 
     label: str  # how the user names the env: "(default)", or its name
-    env_id: str
+    env_id: str  # with the local code as it is now (``spec.refresh``)
+    declared_id: str = ""  # as declared: the same while only the local code changes
     key: str = ""
     pid: int = 0
     cells: int = 0
@@ -139,14 +140,17 @@ class RemoteNamespace:
         )
 
 
-def namespace_for(label: str, env_id: str) -> tuple[RemoteNamespace, RemoteNamespace | None]:
-    """The namespace of env ``label`` (its current ``env_id``), and the one it replaces when
-    the env changed since its last cell (whose worker the caller lets go)."""
+def namespace_for(
+    label: str, env_id: str, declared_id: str
+) -> tuple[RemoteNamespace, RemoteNamespace | None]:
+    """The namespace of env ``label`` (its env id with the local code as it is now, and as
+    declared), and the one it replaces when the env changed since its last cell (whose
+    worker the caller lets go)."""
     with _lock:
         current = _spaces.get(label)
         if current is not None and current.env_id == env_id:
             return current, None
-        fresh = _spaces[label] = RemoteNamespace(label, env_id)
+        fresh = _spaces[label] = RemoteNamespace(label, env_id, declared_id)
         return fresh, current
 
 

@@ -40,7 +40,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import _exc_state, api, session
 from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError, WorkerError
-from ..spec import RuntimeEnvSpec, parse
+from ..spec import RuntimeEnvSpec, parse, refresh
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
@@ -287,13 +287,22 @@ class RemoteCellMagics(Magics):
         label = repr(args.env) if args.env else "the default env"
         if overrides is not None:
             label += f" with --runtime-env {overrides.canonical_json()}"
-        space, replaced = namespace_for(label, spec.env_id)
+        # The local code as it is now (what the executor will run, a stat walk from the stat
+        # cache): an edit to a module of the working_dir is another env, in another worker.
+        current = refresh(spec)
+        space, replaced = namespace_for(label, current.env_id, spec.env_id)
         if replaced is not None and replaced.owner is not None:
             self._let_go(replaced)
             if replaced.cells and replaced.owner() is api._executor():
+                why = (
+                    "its local code changed (working_dir, py_modules)"
+                    if replaced.declared_id == spec.env_id
+                    else "it was declared again"
+                )
+                held = ", ".join(replaced.names[:10]) or "nothing"
                 print(
-                    f"%%remote: {label} changed since its last remote cell: a new remote"
-                    f" namespace (the names of the old one are gone)",
+                    f"%%remote: {label} changed since its last remote cell ({why}): this"
+                    f" cell starts a new remote namespace (the old one held {held})",
                     file=sys.stderr,
                 )
         return space, spec
