@@ -12,7 +12,7 @@ One start, step by step:
   (the provisioner picks a node with it, else the least loaded);
 - ``node_kernel_build``: the staged env is built by the node agent with ``kernel:<id>`` as
   holder; its events (state, steps, installer lines) go to the provisioner as Dask events
-  on the kernel's topic, so the server can show the build naming the node;
+  on the kernel's topic (``kernel_build.py``), so the server can show the build naming the node;
 - ``node_kernel_start``: ipykernel starts in the env, bound to the node's own address, with
   ports chosen there and a key made there (``kernel_process.py``); the connection info goes
   back to the provisioner, never into a log (``Client.run`` logs the arguments of a call
@@ -34,15 +34,15 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from distributed import WorkerPlugin
 from distributed.worker import Worker
 
-from ..agent.events import Event
 from ..errors import BuildError, KernelStartError
 from ..session import CLUSTER_VAR
+from .kernel_build import Forwarder, listen, one_line, unlisten
 from .kernel_process import NodeKernel, kill, launch, node_ip, running, sweep
 from .node import PLUGIN_NAME as NODE_PLUGIN_NAME
 from .node import NodeAgent, NotStaged
@@ -55,8 +55,6 @@ log = logging.getLogger(__name__)
 _KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: How often a node looks for kernels whose lease ran out (their server is gone).
 LEASE_CHECK_SECONDS = 2.0
-#: How often installer lines are sent to the provisioner (one Dask event per batch).
-LOG_BATCH_SECONDS = 0.25
 
 
 class NodeKernelsPlugin(WorkerPlugin):
@@ -145,8 +143,8 @@ class NodeKernels:
                 f"the kernel's environment is refused on Dask worker {self.address}: {exc}",
                 node=self.address,
             ) from None
-        forwarder = _Forwarder(self.worker, topic, parsed.env_id)
-        unlisten = await node.on_agent_loop(_listen(node, forwarder))
+        forwarder = Forwarder(self.worker, topic, parsed.env_id)
+        stop_listening = await node.on_agent_loop(listen(node, forwarder))
         try:
             # As the node's own builds do: no blob sweep while this build links its blobs.
             await asyncio.to_thread(node.enter_busy)
@@ -158,13 +156,13 @@ class NodeKernels:
         except BuildError as exc:
             raise KernelStartError(
                 f"building the kernel's environment failed on Dask worker {self.address}:"
-                f" {_one_line(exc)}",
+                f" {one_line(exc)}",
                 node=self.address,
                 detail=exc.output_tail
                 + ([f"(full log on the node: {exc.log_path})"] if exc.log_path else []),
             ) from None
         finally:
-            await node.on_agent_loop(_unlisten(unlisten, forwarder))
+            await node.on_agent_loop(unlisten(stop_listening, forwarder))
         if kernel.ctx is not None and kernel.ctx.env_id != ctx.env_id:
             # A restart in a rebuilt env: drop the old env's reference, keep the new one.
             await node.on_agent_loop(node.agent.release(kernel.ctx.env_id, _holder(kernel_id)))
@@ -399,76 +397,8 @@ class NodeKernels:
         return kernel
 
 
-class _Forwarder:
-    """An agent listener (on the agent's loop) that sends one env's events to the
-    provisioner as Dask events; installer lines in batches."""
-
-    def __init__(self, worker: Worker, topic: str, env_id: str) -> None:
-        self.worker = worker
-        self.topic = topic
-        self.env_id = env_id
-        self._lines: dict[str, list[str]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-
-    def __call__(self, event: Event) -> None:
-        if event.env_id != self.env_id:
-            return
-        data = dict(event.data)
-        if event.kind == "log":
-            self._lines.setdefault(str(data.get("step", "")), []).append(str(data.get("line", "")))
-            if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(LOG_BATCH_SECONDS, self.flush)
-            return
-        self.flush()
-        message: dict[str, Any] = {"kind": event.kind, "env_id": self.env_id}
-        if event.kind == "state":
-            message["state"] = str(data.get("state", ""))
-            if isinstance(data.get("error"), dict):
-                message["message"] = str(data["error"].get("message", ""))[:500]
-        else:
-            message["step"] = str(data.get("step", ""))
-            message["status"] = str(data.get("status", ""))
-            if isinstance(data.get("label"), str):
-                message["label"] = data["label"]
-        self._send(message)
-
-    def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        lines, self._lines = self._lines, {}
-        for step, batch in lines.items():
-            self._send({"kind": "log", "env_id": self.env_id, "step": step, "lines": batch[-200:]})
-
-    def _send(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):  # progress is best effort; the build is not
-            self.worker.log_event(self.topic, message)
-
-
-async def _listen(node: NodeAgent, forwarder: _Forwarder) -> Callable[[], None]:
-    return node.agent.add_listener(forwarder)
-
-
-async def _unlisten(unlisten: Callable[[], None], forwarder: _Forwarder) -> None:
-    unlisten()
-    forwarder.flush()
-
-
 def _holder(kernel_id: str) -> str:
     return f"kernel:{kernel_id}"
-
-
-#: The longest failure line (the installer's whole tail goes to the server's log).
-MAX_LINE = 400
-
-
-def _one_line(error: BuildError) -> str:
-    text = f"{error.step}: {error.message}" if error.step else error.message
-    last = next((line.strip() for line in reversed(error.output_tail) if line.strip()), "")
-    text = " ".join(text.split())
-    if last and last not in text:
-        text = f"{text} (last output: {last})"
-    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
 # -- what the provisioner runs with Client.run (coroutines on the worker's loop) -----------

@@ -282,7 +282,7 @@ class KernelEvents:
                 self.loop.call_soon_threadsafe(self._emit, payload)
 
     def relay(self, message: dict[str, Any]) -> None:
-        """Publish a build event the node sent (``node_kernels._Forwarder``): the env's state,
+        """Publish a build event the node sent (``dask/kernel_build.Forwarder``): the env's state,
         a step's start and end, installer lines. Anything else is dropped."""
         kind = str(message.get("kind", ""))
         extra: dict[str, Any] = {
