@@ -19,13 +19,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .agent import RuntimeEnvAgent, default_cache_dir
-from .agent.pgroups import LIVE
-from .agent.private import describe
-from .errors import BuildError, EnvNotFound, RuntimeEnvError, SpecError
-from .spec.strict_json import loads_strict
+if TYPE_CHECKING:
+    from .agent import RuntimeEnvAgent
+
+# The agent, the spec parser and the errors (cloudpickle) are imported once the arguments
+# are parsed: ``--help`` and usage errors answer at once, and every command pays only for
+# what it runs (tests/server/test_import_budget.py keeps it so).
 
 CLI_HOLDER = "cli"
 
@@ -96,6 +97,9 @@ def _size(text: str) -> int:
 
 def _spec_input(text: str) -> Any:
     """A path to a spec file, or inline JSON (starts with ``{``)."""
+    from .errors import SpecError
+    from .spec.strict_json import loads_strict
+
     if text.lstrip().startswith("{"):
         try:
             return loads_strict(text)
@@ -127,6 +131,8 @@ async def _run_until_signal(args: argparse.Namespace) -> int:
             received.append(signum)
             task.cancel()
 
+    from .agent.pgroups import LIVE
+
     handled = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
@@ -147,6 +153,8 @@ async def _run_until_signal(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from .agent import RuntimeEnvAgent
+
     async with RuntimeEnvAgent(args.cache_dir) as agent:
         if args.command == "build":
             return await _build(agent, args)
@@ -227,6 +235,8 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
 async def _resolve_id(agent: RuntimeEnvAgent, prefix: str) -> str:
     """Accept an unambiguous prefix of an env id, as ``docker`` and ``git`` do; anything
     outside the hex alphabet is refused before it is looked up."""
+    from .errors import EnvNotFound, RuntimeEnvError
+
     try:
         return await agent.resolve_id(prefix)
     except EnvNotFound as exc:
@@ -252,6 +262,8 @@ def _install_kernelspec(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from .errors import BuildError, RuntimeEnvError, SpecError
+
     try:
         if args.command == "kernelspec":
             return _install_kernelspec(args)
@@ -266,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error) as exc:  # the disk filled up (or went away) mid-command
+        from .agent.cache import default_cache_dir
+        from .agent.private import describe
+
         root = Path(args.cache_dir or default_cache_dir())
         print(f"error: cannot use the cache at {root}: {describe(exc, root)}", file=sys.stderr)
         return 1

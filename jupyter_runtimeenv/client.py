@@ -16,11 +16,14 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from .agent import RuntimeEnvAgent
 from .context import EnvContext
 from .spec import RuntimeEnvSpec
+
+if TYPE_CHECKING:
+    # Imported where an embedded agent is made: a kernel of a server never needs it.
+    from .agent import RuntimeEnvAgent
 
 T = TypeVar("T")
 
@@ -91,8 +94,12 @@ class EmbeddedClient:
     """An agent in this process, on its own loop thread, sharing the on-disk cache."""
 
     def __init__(self, agent: RuntimeEnvAgent | None = None) -> None:
+        if agent is None:
+            from .agent import RuntimeEnvAgent
+
+            agent = RuntimeEnvAgent()
         self._thread = LoopThread("jupyter-runtimeenv-agent")
-        self.agent = agent or RuntimeEnvAgent()
+        self.agent = agent
         self._thread.run(self.agent.start())
         self._closed = False
 

@@ -180,14 +180,18 @@ def notify() -> None:
 def _start() -> None:
     global _reporter, _disabled, _client
     from ..client import URL_ENV_VAR, get_client
-    from ..server.client import ServerClient, current_kernel_id
 
     with _lock:
         if _reporter is not None or _disabled:
             return
-        # Only a kernel of a server reports; anything else never creates a client here.
-        in_kernel = bool(os.environ.get(URL_ENV_VAR)) and current_kernel_id() is not None
-        client = get_client() if in_kernel else None
+        # Only a kernel of a server reports; anything else never creates a client here, and
+        # never imports the server's client: a process without a server pays nothing for it.
+        if not os.environ.get(URL_ENV_VAR):
+            _disabled = True
+            return
+        from ..server.client import ServerClient, current_kernel_id
+
+        client = get_client() if current_kernel_id() is not None else None
         if not isinstance(client, ServerClient) or not client.kernel_id:
             _disabled = True
             return

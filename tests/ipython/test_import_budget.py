@@ -1,0 +1,162 @@
+"""What ``%load_ext jupyter_runtimeenv`` and the first ``%runtime_env`` import (issue 19 item 5).
+
+A real IPython shell in a fresh interpreter, run under ``python -X importtime``: its report of
+every module imported is split at markers the script writes between the phases. A kernel
+must not pay for the server's side (jupyter_server, jupyter_events, jsonschema's grammars,
+tornado): not to load the extension, not for ``%runtime_env`` without a server (the agent
+embedded), and not in a kernel of a server, where the agent is the server's and the kernel
+needs only the REST client (so not the agent's build machinery either). Each case runs
+twice, the second time with the env cached. No timing is asserted: the modules are the
+budget; ``benchmarks/bench_kernel_env.py`` measures the time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from jupyter_process import API, JupyterProcess
+
+#: Never in a kernel's process because of this extension.
+SERVER_SIDE = ("jupyter_server", "jupyter_events", "jsonschema", "tornado", "referencing")
+#: The agent's build machinery: only where the agent is embedded.
+AGENT = ("jupyter_runtimeenv.agent.agent", "jupyter_runtimeenv.agent.build")
+
+SCRIPT = textwrap.dedent(
+    """
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(TIMEOUT, exit=True)  # a hang shows where it is
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+
+    def phase(name):
+        sys.stderr.write(f"PHASE {name}\\n")
+        sys.stderr.flush()
+
+    phase("load_ext")
+    shell.run_line_magic("load_ext", "jupyter_runtimeenv")
+    phase("runtime_env")
+    shell.run_line_magic("runtime_env", "--env-var BUDGET=1 --no-widget")
+    phase("end")
+    import jupyter_runtimeenv
+
+    jupyter_runtimeenv.shutdown()
+    """
+)
+#: Seconds the shell may take (the machine may be loaded); it prints its stacks past them.
+TIMEOUT = 240
+
+
+def imports_by_phase(stderr: str) -> dict[str, set[str]]:
+    """``-X importtime``'s lines (``import time: self | cumulative | name``) by phase."""
+    phases: dict[str, set[str]] = {}
+    current = "start"
+    for line in stderr.splitlines():
+        if line.startswith("PHASE "):
+            current = line.split()[1]
+        elif line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "package":  # the header line
+                phases.setdefault(current, set()).add(name)
+    return phases
+
+
+def top(names: set[str], roots: tuple[str, ...]) -> set[str]:
+    return {n for n in names if any(n == r or n.startswith(r + ".") for r in roots)}
+
+
+def run_shell(tmp: Path, env: dict[str, str]) -> tuple[dict[str, set[str]], str]:
+    script = tmp / "shell.py"
+    script.write_text(SCRIPT.replace("TIMEOUT", str(TIMEOUT)))
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(script)], capture_output=True, text=True,
+        cwd=tmp, env={**env, "IPYTHONDIR": str(tmp / "ipython")}, timeout=TIMEOUT + 60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    phases = imports_by_phase(done.stderr)
+    assert {"load_ext", "runtime_env"} <= phases.keys(), done.stderr[-3000:]
+    return phases, done.stdout
+
+
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in [n for n in env if n.startswith("JUPYTER_RUNTIMEENV_")]:
+        env.pop(name)
+    return env
+
+
+@pytest.mark.timeout(4 * TIMEOUT + 120)
+def test_no_server_side_imports_with_the_agent_embedded(tmp_path: Path) -> None:
+    env = {**base_env(), "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    for run in ("built", "cached"):
+        phases, out = run_shell(tmp_path, env)
+        assert "ready" in out, out
+        assert ("cached" in out) == (run == "cached"), out
+        assert not top(phases["load_ext"], SERVER_SIDE + AGENT), run
+        assert not top(phases["runtime_env"], SERVER_SIDE), run
+        # The embedded agent is what this case needs: the check sees imports at all.
+        assert top(phases["runtime_env"], AGENT), run
+
+
+@pytest.mark.timeout(4 * TIMEOUT + 120)
+def test_a_kernel_of_a_server_imports_only_the_rest_client(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    server = JupyterProcess(
+        "jupyter_server", root, tmp_path / "server.log",
+        env={
+            **base_env(),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        },
+        args=[
+            "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
+            f"--RuntimeEnvExtension.cache_dir={tmp_path / 'server-cache'}",
+        ],
+    )  # fmt: skip
+    try:
+        env = {
+            **base_env(),
+            "JUPYTER_RUNTIMEENV_URL": server.url + API,
+            "JUPYTER_RUNTIMEENV_TOKEN": server.token,
+            "JUPYTER_RUNTIMEENV_KERNEL_ID": "budget-kernel",
+            # A cache the server does not use: the kernel must not make one.
+            "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "unused-cache"),
+        }
+        for run in ("built", "cached"):
+            phases, out = run_shell(tmp_path, env)
+            assert "ready" in out, out  # (through REST the shell cannot tell it was cached)
+            assert not top(phases["load_ext"], SERVER_SIDE + AGENT), run
+            assert not top(phases["runtime_env"], SERVER_SIDE + AGENT), run
+            assert "jupyter_runtimeenv.server.client" in phases["runtime_env"], run
+        envs = server.api("GET", "envs")["envs"]
+        assert [e["state"] for e in envs] == ["READY"], envs  # one env, built by the server
+    finally:
+        server.stop()
+    assert not (tmp_path / "unused-cache").exists()
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["list", "--help"]])
+def test_the_cli_parses_without_the_agent(argv: list[str]) -> None:
+    """``jupyter runtimeenv --help`` (and a usage error) come before any heavy import."""
+    code = (
+        "import sys\n"
+        "from jupyter_runtimeenv import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('jupyter_runtimeenv.agent.agent', 'yaml', 'psutil', 'filelock',"
+        " 'jupyter_runtimeenv.spec.parse') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "usage: jupyter runtimeenv" in done.stdout
+    assert "HEAVY []" in done.stdout, done.stdout
