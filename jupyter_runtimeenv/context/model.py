@@ -29,7 +29,8 @@ SYS_PATH_VAR = "JUPYTER_RUNTIMEENV_SYS_PATH"
 ENV_ID_VAR = "JUPYTER_RUNTIMEENV_ENV_ID"
 #: The form of a context's JSON. 2: ``env_vars`` hold ``${NAME}`` templates (before, the
 #: agent expanded them in its own environment: a stored context of form 1 is rebuilt).
-CONTEXT_FORMAT = 2
+#: 3: ``spawn_only``.
+CONTEXT_FORMAT = 3
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -40,7 +41,9 @@ class EnvContext:
     ``python`` is the interpreter; ``command_prefix`` goes before it (e.g. ``["nice", "-n",
     "10"]``); ``env_vars`` are set on top of the parent's environment; ``cwd`` is the working
     directory (``None``: the caller's); ``extra_paths`` (working_dir, py_modules) and then
-    ``driver_sys_path`` go first on ``sys.path``, in that order.
+    ``driver_sys_path`` go first on ``sys.path``, in that order. ``spawn_only``: workers start
+    as a fresh interpreter, never forked from a template (``workers.zygote``): how they start
+    is the user's choice (``py_executable``).
     """
 
     python: str = sys.executable
@@ -50,6 +53,7 @@ class EnvContext:
     driver_sys_path: tuple[str, ...] = ()
     extra_paths: tuple[str, ...] = ()
     env_id: str = ""
+    spawn_only: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers so that equal contexts compare and hash equal.
@@ -76,6 +80,7 @@ class EnvContext:
             "cwd": self.cwd,
             "driver_sys_path": list(self.driver_sys_path),
             "extra_paths": list(self.extra_paths),
+            "spawn_only": self.spawn_only,
         }
 
     def to_json_str(self) -> str:
@@ -91,6 +96,7 @@ class EnvContext:
             driver_sys_path=tuple(data.get("driver_sys_path", ())),
             extra_paths=tuple(data.get("extra_paths", ())),
             env_id=str(data.get("env_id", "")),
+            spawn_only=bool(data.get("spawn_only", False)),
         )
 
     def replace(self, **changes: Any) -> EnvContext:
@@ -111,6 +117,8 @@ class ContextBuilder:
     extra_paths: list[str] = field(default_factory=list)
     #: URI -> the directory the cache holds for it; set by the agent before plugins run.
     resource_paths: dict[str, str] = field(default_factory=dict)
+    #: Set by a plugin whose workers must start exactly as it says (see ``EnvContext``).
+    spawn_only: bool = False
 
     def resource_path(self, uri: str) -> str:
         """The directory that holds the built resource ``uri``."""
@@ -125,6 +133,7 @@ class ContextBuilder:
             driver_sys_path=tuple(self.driver_sys_path),
             extra_paths=tuple(self.extra_paths),
             env_id=env_id,
+            spawn_only=self.spawn_only,
         )
 
 

@@ -66,6 +66,7 @@ class PyExecutablePlugin(RuntimeEnvPlugin):
         return words[0] if len(words) == 1 else shlex.join(words)
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
+        ctx.spawn_only = True  # the user named how their Python starts: never a fork of it
         whole = shutil.which(value) if os.sep not in value else None
         if whole or os.path.isfile(value):
             ctx.python = whole or value

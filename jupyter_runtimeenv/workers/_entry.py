@@ -3,7 +3,9 @@ a composed environment.
 
 Started by ``process.WorkerProcess.start`` (driver side), which passes one end of a
 socketpair as fd ``N`` and the read end of its lifeline as fd ``L`` (``pass_fds``); stdout
-and stderr are pipes the driver forwards, so user output never shares the channel. It is
+and stderr are pipes the driver forwards, so user output never shares the channel. With
+``--zygote`` last it is a template that forks workers (``_zygote.py``); a worker forked from
+it goes on below from step 2, with ``--forked`` in its command line. It is
 run by *file path*, not with ``-m``, so that the environment's interpreter needs neither
 ``jupyter_runtimeenv`` installed nor the package's ``__init__`` executed; ``python -m
 jupyter_runtimeenv.workers._entry`` works too.
@@ -14,13 +16,12 @@ Order of events, which is the point of this file:
    find ours);
 2. put the driver's entries (JSON list in ``JUPYTER_RUNTIMEENV_SYS_PATH``) that this
    interpreter does not already have first on ``sys.path``, in the driver's order;
-3. arm the parent-death watchdog (``--lifeline``, ``--parent``: see ``watchdog``), before
-   anything of the user's runs;
-4. only then make sure cloudpickle can be imported (the environment's own, else the
+3. only then make sure cloudpickle can be imported (the environment's own, else the
    driver's copy loaded by file path, so nothing else of the driver's site-packages leaks
    in), run the spec's ``worker_process_setup_hook`` if it has one, and say HELLO (carrying
-   the hook's failure, after which the worker exits);
-5. hand over to the task loop (``_serve.py``, loaded by file path like ``protocol.py`` and
+   the hook's failure, after which the worker exits); the parent-death watchdog
+   (``--lifeline``, ``--parent``: see ``watchdog``) is armed before any user code runs;
+4. hand over to the task loop (``_serve.py``, loaded by file path like ``protocol.py`` and
    ``shm.py``), which answers calls until EOF on the channel, or until a task closed our
    stdout/stderr (it answers that call, then we exit: see ``stdio_intact``).
 
@@ -121,8 +122,6 @@ def watchdog(lifeline: int | None, parent: int) -> None:
     thread that makes them), so the kernel hands it to the waiting thread: a Python handler
     would run only when the main thread next runs bytecode, not while a task sleeps.
     """
-    global _start_ppid
-    _start_ppid = os.getppid()
     if sys.platform == "linux" and parent and parent == _start_ppid:
         sig = signal.SIGRTMIN + PDEATH_OFFSET
         signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
@@ -252,10 +251,14 @@ def _flush() -> None:
 
 
 def parse_args(argv: list[str]) -> dict[str, int] | None:
-    """``--fd N [--lifeline N] [--parent PID]`` as a dict; None if malformed."""
+    """``--fd N [--lifeline N] [--parent PID] [--zygote|--forked]`` as a dict (the last flag
+    as ``zygote: 1``); None if malformed."""
+    args: dict[str, int] = {}
+    if argv and argv[-1] in ("--zygote", "--forked"):
+        args["zygote"] = int(argv[-1] == "--zygote")
+        argv = argv[:-1]
     if len(argv) % 2 or not argv or argv[0] != "--fd":
         return None
-    args: dict[str, int] = {}
     for i in range(0, len(argv), 2):
         flag, value = argv[i], argv[i + 1]
         if flag not in ("--fd", "--lifeline", "--parent") or not value.isdigit():
@@ -265,27 +268,58 @@ def parse_args(argv: list[str]) -> dict[str, int] | None:
 
 
 def main(argv: list[str]) -> int:
+    global _start_ppid
+    _start_ppid = os.getppid()  # first: the watchdog, armed later, compares with it
     if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
         del sys.path[0]
-    added = apply_sys_path(json.loads(os.environ.get(SYS_PATH_VAR) or "[]"), sys.path)
     args = parse_args(argv)
     if args is None:
-        print("usage: _entry.py --fd N [--lifeline N] [--parent PID]", file=sys.stderr)
+        print("usage: _entry.py --fd N [--lifeline N] [--parent PID] [--zygote]", file=sys.stderr)
         return 2
-    watchdog(args.get("lifeline"), args.get("parent", 0))
-    protocol = _load_by_path("_jupyter_runtimeenv_protocol", os.path.join(_HERE, "protocol.py"))
-    shm = _load_by_path("_jupyter_runtimeenv_shm", os.path.join(_HERE, "shm.py"))
-    loop = _load_by_path("_jupyter_runtimeenv_serve", os.path.join(_HERE, "_serve.py"))
+    if args.get("zygote"):
+        zygote(args)  # returns in a forked worker only, its modules loaded
+    added = apply_sys_path(json.loads(os.environ.get(SYS_PATH_VAR) or "[]"), sys.path)
+    protocol, shm, loop = _modules()
     if os.environ.get(TREES_VAR):  # before any user code: writes to shared files copy first
         _load_by_path("_jupyter_runtimeenv_cow", os.path.join(_HERE, "_cow.py")).install_from_env()
     ensure_cloudpickle()
     # Takes the channel (not inherited by a task's children; /dev/null in a fork's).
     worker = loop.Worker(args["fd"], protocol, shm, exc_state, stdio_intact)
-    return start(worker, protocol, added)
+    return start(worker, protocol, added, (args.get("lifeline"), args.get("parent", 0)))
 
 
-def start(worker: Any, protocol: ModuleType, added: list[str]) -> int:
-    """From the setup hook to the end: say HELLO, serve; the exit code."""
+def _modules() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """The protocol, shared memory and serving modules, loaded by path (once: a forked
+    worker has its template's)."""
+    loaded = []
+    for name, file in (("protocol", "protocol.py"), ("shm", "shm.py"), ("serve", "_serve.py")):
+        module = sys.modules.get(f"_jupyter_runtimeenv_{name}")
+        if module is None:
+            module = _load_by_path(f"_jupyter_runtimeenv_{name}", os.path.join(_HERE, file))
+        loaded.append(module)
+    return loaded[0], loaded[1], loaded[2]
+
+
+def zygote(args: dict[str, int]) -> None:
+    """Be a template (``_zygote.serve``): import what every worker needs, then fork workers
+    on request. Returns in a forked worker; the template exits inside."""
+    _modules()
+    try:
+        ensure_cloudpickle()
+        import cloudpickle  # noqa: F401 (the point of a template: its forks have it)
+    except Exception:
+        pass  # as in a worker: the first call that needs it reports the error
+    template = _load_by_path("_jupyter_runtimeenv_zygote", os.path.join(_HERE, "_zygote.py"))
+    template.serve(args["fd"], args.get("lifeline"), args.get("parent", 0), PDEATH_OFFSET)
+
+
+def start(
+    worker: Any, protocol: ModuleType, added: list[str], guard: tuple[int | None, int]
+) -> int:
+    """From the setup hook to the end: say HELLO, serve; the exit code. The watchdog
+    (``guard``: lifeline, parent) is armed before any user code runs: before the setup hook
+    if there is one, else just after HELLO, while the driver sends the first CALL (starting
+    its threads is then off the critical path of a new worker's first result)."""
     global _stdio
     # Output goes to pipes: line buffering lets the driver show it as it comes.
     for stream in (sys.stdout, sys.stderr):
@@ -296,7 +330,10 @@ def start(worker: Any, protocol: ModuleType, added: list[str]) -> int:
         _stdio = _stdio_ids()
     except OSError:
         _stdio = None  # started without them: nothing to watch
-    setup_error = run_setup_hook(os.environ.get(SETUP_HOOK_VAR))
+    hook = os.environ.get(SETUP_HOOK_VAR)
+    if hook:
+        watchdog(*guard)
+    setup_error = run_setup_hook(hook)
     hello = {
         "version": protocol.PROTOCOL_VERSION,
         "pid": os.getpid(),
@@ -308,6 +345,8 @@ def start(worker: Any, protocol: ModuleType, added: list[str]) -> int:
     worker.hello(hello)
     if setup_error is not None:
         return 4
+    if not hook:
+        watchdog(*guard)
     if os.environ.pop(WARM_VAR, None):
         try:  # noqa: SIM105 - contextlib is not imported before it is needed
             import cloudpickle  # noqa: F401 (see WARM_VAR)

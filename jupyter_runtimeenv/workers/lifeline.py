@@ -36,13 +36,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-__all__ = ["exit_fd", "kill_group", "launch", "lifeline_fd"]
+__all__ = ["exit_fd", "kill_group", "launch", "launcher_tid", "lifeline_fd"]
 
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _lifeline: tuple[int, int] | None = None  # (read end, write end)
 _requests: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] | None = None
+_tid = 0
 
 
 def lifeline_fd() -> int:
@@ -57,21 +58,41 @@ def lifeline_fd() -> int:
 def launch(start: Callable[[], T]) -> T:
     """Run ``start`` (which starts a child process) on the launcher thread; its result, or
     its exception raised here."""
-    global _requests
-    with _lock:
-        if _requests is None:
-            _requests = queue.SimpleQueue()
-            threading.Thread(
-                target=_serve, args=(_requests,), name="jupyter-runtimeenv-launcher", daemon=True
-            ).start()
-        requests = _requests
     done: Future[object] = Future()
-    requests.put((start, done))
+    _launcher()[0].put((start, done))
     return done.result()  # type: ignore[return-value]
 
 
-def _serve(requests: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]]) -> None:
+def launcher_tid() -> int:
+    """The launcher thread's id in the kernel: what a child it starts inherits of a thread
+    (niceness, CPU affinity: per thread on Linux) can be read from any thread with it."""
+    return _launcher()[1]
+
+
+def _launcher() -> tuple[queue.SimpleQueue[tuple[Callable[[], object], Future[object]]], int]:
+    global _requests, _tid
+    with _lock:
+        if _requests is None:
+            requests: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]]
+            requests = queue.SimpleQueue()
+            started: Future[int] = Future()
+            threading.Thread(
+                target=_serve,
+                args=(requests, started),
+                name="jupyter-runtimeenv-launcher",
+                daemon=True,
+            ).start()
+            _tid = started.result()
+            _requests = requests
+        return _requests, _tid
+
+
+def _serve(
+    requests: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]],
+    started: Future[int],
+) -> None:
     # Never returns: its exit would fire PR_SET_PDEATHSIG in every child it started.
+    started.set_result(threading.get_native_id())
     while True:
         start, done = requests.get()
         try:

@@ -1,8 +1,10 @@
 """``WorkerProcess``: the driver's handle on one worker process.
 
-Created and owned by ``Pool``. ``start()`` launches ``compose(ctx, [_entry.py, "--fd", N])``
-with one end of a socketpair as fd ``N`` and stdout/stderr on pipes, then one reader thread
-per worker multiplexes the three: output is fed to ``StreamForwarder``s, frames (read and
+Created and owned by ``Pool``. ``start()`` forks the worker from a template of its
+interpreter (``zygote``), or where that cannot give exactly the same worker spawns
+``compose(ctx, [_entry.py, "--fd", N, ...])``; either way with one end of a socketpair as
+fd ``N``, stdout/stderr on pipes, in a session of its own. One reader thread per worker
+multiplexes the three: output is fed to ``StreamForwarder``s, frames (read and
 decoded by the worker's ``Channel``) become outcomes. Before handling answers the thread
 drains the output pipes, so every line a task printed (the worker flushes before answering)
 is shown before its result; the pool pipelines only calls whose output goes to the same place
@@ -34,7 +36,7 @@ import cloudpickle
 
 from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
-from . import lifeline, protocol
+from . import lifeline, protocol, zygote
 from ._entry import ORPHANED, STDIO_BROKEN
 from ._serve import PRELOAD_SECONDS
 from .channel import Channel, prepare_socket
@@ -87,7 +89,7 @@ class WorkerProcess:
         self.ready = False
         #: Being killed (a call it ran was cancelled): it takes no other call. Pool's lock.
         self.retired = False
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | zygote.ForkedChild | None = None
         self.channel: Channel | None = None
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
@@ -134,8 +136,18 @@ class WorkerProcess:
         life = lifeline.lifeline_fd()
         args = ["--fd", str(theirs.fileno()), "--lifeline", str(life), "--parent", str(os.getpid())]
         argv = compose(self.ctx, [ENTRY, *args])
+        idle = float(getattr(self.listener, "idle_timeout", zygote.DEFAULT_IDLE_TIMEOUT))
         try:
-            self.proc = lifeline.launch(
+            # Forked from a template where it can be exactly what a spawn would make (~2 ms
+            # instead of an interpreter start), else spawned.
+            self.proc = zygote.fork(
+                self.ctx,
+                env,
+                theirs.fileno(),
+                entry=ENTRY,
+                idle_timeout=idle,
+                extra={CLOUDPICKLE_VAR: _CLOUDPICKLE_DIR},
+            ) or lifeline.launch(
                 lambda: subprocess.Popen(
                     argv,
                     env=env,

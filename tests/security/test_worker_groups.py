@@ -12,7 +12,8 @@ whole group before it reaps the worker; the driver learns of the worker's death 
 worker's own exit (a pidfd), not from EOF on pipes its forks may hold; a worker whose stdout
 or stderr a task closed answers that task, then exits, and the pool starts another.
 
-Real worker processes, real children (``sleep``) and real forks.
+Real worker processes (spawned, and forked from a template), real children (``sleep``) and
+real forks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from processes import Proc, kill_all, of, survivors
 
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import BrokenWorker, RemoteTaskError
+from jupyter_runtimeenv.workers import zygote
 from jupyter_runtimeenv.workers.executor import resolve_driver_sys_path
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
@@ -96,10 +98,16 @@ def say(text: str) -> int:
 # -- plumbing --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def make_pool() -> Iterator[Callable[..., Pool]]:
+@pytest.fixture(params=["spawned", "forked"])
+def make_pool(request: pytest.FixtureRequest) -> Iterator[Callable[..., Pool]]:
+    """Pools whose workers are spawned, or forked from a template (``workers/zygote.py``):
+    the same rules hold for both."""
     ctx = EnvContext(python=sys.executable, driver_sys_path=resolve_driver_sys_path())
     pools: list[Pool] = []
+    if request.param == "spawned":
+        request.getfixturevalue("monkeypatch").setenv(zygote.ZYGOTE_VAR, "0")
+    else:
+        wait_for_template(Pool(lambda: ctx), ctx.python)
 
     def make(**kwargs: Any) -> Pool:
         pool = Pool(lambda: ctx, **kwargs)
@@ -109,6 +117,22 @@ def make_pool() -> Iterator[Callable[..., Pool]]:
     yield make
     for pool in pools:
         pool.close()
+    forks = sum(t.forks for t in zygote.templates())
+    zygote.stop_all()
+    if request.param == "forked":
+        assert forks, "no worker of the test was forked"
+
+
+def wait_for_template(pool: Pool, python: str) -> None:
+    """Start the template of ``python`` (through a first worker) and wait until it forks."""
+    try:
+        submit(pool, os.getpid).result(120)
+    finally:
+        pool.close()
+    deadline = time.monotonic() + 120
+    while not [t for t in zygote.templates() if t.python == python and t.state == "ready"]:
+        assert time.monotonic() < deadline, f"no template ready: {zygote.templates()}"
+        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -85,9 +85,20 @@ def main(mode: str) -> dict[str, Any]:
     report["next_pid"] = jre.get(jre.remote(os.getpid).remote(), timeout=60)
     executor.shutdown()
     report["children_left"] = [
-        c.pid for c in psutil.Process().children(recursive=True) if _alive(c.pid)
+        c.pid
+        for c in psutil.Process().children(recursive=True)
+        if _alive(c.pid) and not _template(c)
     ]
     return report
+
+
+def _template(proc: psutil.Process) -> bool:
+    """A template that forks workers (``workers/zygote.py``): it outlives executors, not
+    its process, and stops when idle."""
+    try:
+        return proc.cmdline()[-1:] == ["--zygote"]
+    except psutil.Error:
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -21,6 +21,7 @@ from jupyter_runtimeenv import api
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
+from jupyter_runtimeenv.workers import zygote
 from jupyter_runtimeenv.workers.executor import LocalExecutor, resolve_driver_sys_path
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
@@ -29,12 +30,14 @@ from jupyter_runtimeenv.workers.serialize import dump_call
 
 
 def worker_children() -> list[psutil.Process]:
-    """Our live worker processes (children running the bootstrap)."""
-    return [
-        child
-        for child in processes.descendants()
-        if any(part.endswith("_entry.py") for part in processes.cmdline(child))
-    ]
+    """Our live worker processes (children running the bootstrap; not the templates that
+    fork workers, see ``workers/zygote.py``)."""
+    found = []
+    for child in processes.descendants():
+        argv = processes.cmdline(child)
+        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
+            found.append(child)
+    return found
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
@@ -46,6 +49,7 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
 def no_leaked_workers() -> Iterator[None]:
     yield
     api.shutdown()
+    zygote.stop_all()  # templates outlive executors (they serve the process); not tests
     leftovers = worker_children()
     for proc in leftovers:
         processes.kill(proc)

@@ -120,7 +120,9 @@ def _kernel_workers(km: KernelManager) -> list[int]:
     found = []
     for child in kernel.children(recursive=True):
         try:
-            if any(part.endswith("_entry.py") for part in child.cmdline()):
+            argv = child.cmdline()
+            # Workers; not the kernel's template that forks them (it is no task's worker).
+            if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             pass

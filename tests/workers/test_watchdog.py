@@ -42,6 +42,7 @@ DRIVER = textwrap.dedent(
     from jupyter_runtimeenv.workers.serialize import dump_call
 
     marker, prefix, keep_lifeline = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+    forked = sys.argv[4] == "1"
 
     def hang(marker):
         import os, pathlib, subprocess, time
@@ -49,7 +50,18 @@ DRIVER = textwrap.dedent(
         pathlib.Path(marker).write_text(f"{os.getpid()} {child.pid}")
         time.sleep(300)
 
-    pool = Pool(lambda: EnvContext(python=sys.executable, command_prefix=prefix))
+    ctx = EnvContext(python=sys.executable, command_prefix=prefix)
+    if forked:  # the first worker starts the template; the task's worker is forked from it
+        from jupyter_runtimeenv.workers import zygote
+        warm = Pool(lambda: ctx)
+        first = RemoteFuture("first")
+        task = Task(b"", first, OutputTarget.capture("first"))
+        task.payload = dump_call(task.id, os.getpid, (), {}, "first")
+        warm.submit(task)
+        first.result(120)
+        while not [t for t in zygote.templates() if t.state == "ready"]:
+            time.sleep(0.02)
+    pool = Pool(lambda: ctx)
     future = RemoteFuture("hang")
     task = Task(b"", future, OutputTarget.capture("hang"))
     task.payload = dump_call(task.id, hang, (marker,), {}, "hang")
@@ -72,11 +84,14 @@ def tracked() -> Iterator[list[Proc]]:
     kill_all(procs)
 
 
-def start_driver(tmp_path: Path, prefix: list[str], keep_lifeline: bool) -> subprocess.Popen[bytes]:
+def start_driver(
+    tmp_path: Path, prefix: list[str], keep_lifeline: bool, forked: bool = False
+) -> subprocess.Popen[bytes]:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     argv = [sys.executable, str(script), str(tmp_path / "pids"), json.dumps(prefix)]
-    return subprocess.Popen([*argv, "1" if keep_lifeline else "0"], cwd=tmp_path)
+    flags = ["1" if keep_lifeline else "0", "1" if forked else "0"]
+    return subprocess.Popen([*argv, *flags], cwd=tmp_path)
 
 
 def read_marker(marker: Path, timeout: float = 120) -> list[int]:
@@ -92,21 +107,34 @@ def sigkill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
 def test_the_parent_death_signal_alone_ends_the_worker_and_its_children(
-    tmp_path: Path, tracked: list[Proc]
+    tmp_path: Path, tracked: list[Proc], forked: bool
 ) -> None:
     if sys.platform != "linux":
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
-    driver = start_driver(tmp_path, [], keep_lifeline=True)
+    driver = start_driver(tmp_path, [], keep_lifeline=True, forked=forked)
     try:
         worker, child = (of(pid) for pid in read_marker(tmp_path / "pids"))
+        assert (b"--forked" in Path(f"/proc/{worker.pid}/cmdline").read_bytes()) == forked
         tracked += [worker, child]
-        holders = [of(p.pid) for p in psutil.Process(driver.pid).children() if p.pid != worker.pid]
+        holders = [
+            of(p.pid)
+            for p in psutil.Process(driver.pid).children()
+            if p.pid != worker.pid and "_entry.py" not in " ".join(p.cmdline())
+        ]
         tracked += holders
         assert holders, "the driver's fork (holding the lifeline) did not start"
+        templates = [
+            of(p.pid)
+            for p in psutil.Process(driver.pid).children()
+            if p.cmdline()[-1:] == ["--zygote"]
+        ]
+        tracked += templates
+        assert templates or not forked  # (the first worker of either starts one)
     finally:
         sigkill(driver)
-    assert survivors([worker, child], WITHIN) == []
+    assert survivors([worker, child, *templates], WITHIN) == []
 
 
 def test_the_lifeline_alone_ends_the_worker_and_its_children(

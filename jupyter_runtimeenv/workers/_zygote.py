@@ -1,0 +1,259 @@
+"""The template ("zygote") process: new workers forked from an interpreter that has started.
+
+Started by ``zygote.Template`` (the driver's side) exactly like a worker, with ``--zygote``
+last: ``python _entry.py --fd C --lifeline L --parent P --zygote``, in an environment whose
+start-time settings (``PYTHON*``, locale, loader variables) are those of the workers it will
+make. ``_entry.main`` loads this file by path (standard library only) and calls ``serve``,
+which imports what every worker needs (the protocol, cloudpickle), says HELLO on the control
+socket ``C`` and answers fork requests until the driver closes it.
+
+One process, one thread: it never runs user code, never starts a thread (a fork copies only
+the forking thread: a lock held by another would stay locked forever in the child).
+
+A request carries the worker's three descriptors (its channel, the write ends of its stdout
+and stderr pipes, as SCM_RIGHTS) and JSON: the worker's whole environment, cwd, umask,
+resource limits, niceness and CPU affinity as the driver has them now (what a worker it
+spawned would inherit). The template forks with ``clone(CLONE_PARENT)``, so the worker is the
+driver's child, as a spawned one is: the driver reaps it and kills its group, the sidebar
+finds it under its kernel, ``PR_SET_PDEATHSIG`` watches the driver, and the template can stop
+while its workers run. The reply is the worker's pid.
+
+The child then becomes what ``Popen`` plus an interpreter start would have made: a session
+leader of its own group, its stdio on the pipes, the channel on fd ``C``, the request's
+environment (``os.environ``, so also what its children get), cwd, umask, limits, niceness and
+affinity, ``--forked`` in place of ``--zygote`` in its command line, and returns to
+``_entry`` (sys.path, watchdog, setup hook, HELLO) like a spawned worker.
+
+Where ``clone`` cannot be used as above (not Linux x86_64/aarch64 with glibc: the thread id
+that glibc caches must be set in the child), the HELLO says so and the driver spawns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: Bytes of the length that precedes each JSON message on the control socket.
+_HEADER = struct.Struct("!I")
+_MAX_REQUEST = 64 << 20
+CLONE_PARENT = 0x00008000
+CLONE_CHILD_SETTID = 0x01000000
+#: machine -> (number of the clone system call, index of its child-tid argument).
+_CLONE = {"x86_64": (56, 3), "aarch64": (220, 4)}
+#: The ``--zygote`` flag, replaced in a forked worker's command line (same length).
+ZYGOTE_FLAG = b"--zygote"
+FORKED_FLAG = b"--forked"
+
+_pdeath_signal = 0
+_parent = 0
+
+
+class _Clone:
+    """``clone(CLONE_PARENT | CLONE_CHILD_SETTID)`` through libc's ``syscall``."""
+
+    def __init__(self) -> None:
+        machine = os.uname().machine
+        if sys.platform != "linux" or machine not in _CLONE:
+            raise OSError(f"forking workers needs Linux on x86_64 or aarch64, not {machine}")
+        self.number, self.tid_index = _CLONE[machine]
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            # glibc publishes where struct pthread keeps the thread id (for libthread_db).
+            where = (ctypes.c_uint32 * 3).in_dll(libc, "_thread_db_pthread_tid")
+        except ValueError:
+            raise OSError("this C library does not say where it keeps thread ids") from None
+        libc.pthread_self.restype = ctypes.c_void_p
+        self.tid_address = int(libc.pthread_self()) + int(where[2])
+        if ctypes.c_int.from_address(self.tid_address).value != os.getpid():
+            raise OSError("the C library's thread id is not where it says")
+        self.syscall = libc.syscall
+        self.syscall.restype = ctypes.c_long
+        self.syscall.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 5
+        self.api = ctypes.pythonapi
+
+    def __call__(self) -> int:
+        """The child's pid in the template, 0 in the child; ``OSError`` if it failed."""
+        args: list[int | None] = [CLONE_PARENT | CLONE_CHILD_SETTID, None, None, None, None]
+        args[self.tid_index] = self.tid_address  # glibc's cached tid: the child's own
+        self.api.PyOS_BeforeFork()
+        pid = self.syscall(self.number, *args)
+        if pid == 0:
+            self.api.PyOS_AfterFork_Child()
+            return 0
+        error = ctypes.get_errno()
+        self.api.PyOS_AfterFork_Parent()
+        if pid < 0:
+            raise OSError(error, f"clone: {os.strerror(error)}")
+        return int(pid)
+
+
+def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int) -> Any:
+    """The template's life. Returns only in a forked child: the request it was made for
+    (the child's channel is then on ``control_fd``). The template itself exits here."""
+    global _pdeath_signal, _parent
+    _parent = parent
+    control = socket.socket(fileno=control_fd)
+    hello: dict[str, Any] = {"pid": os.getpid(), "environ": dict(os.environ)}
+    clone: _Clone | None = None
+    try:
+        if not hasattr(socket, "recv_fds"):
+            raise OSError(f"Python {sys.version.split()[0]} cannot pass descriptors (3.9+ can)")
+        clone = _Clone()
+    except OSError as exc:
+        hello["error"] = str(exc)
+    if sys.platform == "linux" and clone is not None and parent == os.getppid():
+        _pdeath_signal = signal.SIGRTMIN + pdeath_offset
+        signal.signal(_pdeath_signal, _on_pdeath)  # this is the main (and only) thread
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, _pdeath_signal, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(0)
+    _send(control, hello)
+    if clone is None:
+        _wait_for_eof(control, lifeline)
+        os._exit(0)
+    watched = [control] + ([lifeline] if lifeline is not None else [])
+    while True:
+        readable, _, _ = select.select(watched, [], [])  # EINTR: retried (PEP 475)
+        if lifeline in readable and not os.read(lifeline, 64):
+            os._exit(0)  # the driver is gone
+        if control not in readable:
+            continue
+        received = _receive(control)
+        if received is None:
+            os._exit(0)  # the driver stopped us (idle) or is gone
+        request, fds = received
+        try:
+            pid = _fork(clone, request, fds, control)
+        except OSError as exc:
+            _send(control, {"error": str(exc)})
+            continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if pid == 0:
+            return request  # in the child, which is now the worker
+        _send(control, {"pid": pid})
+
+
+def _on_pdeath(signum: int, frame: object) -> None:
+    if os.getppid() != _parent:
+        os._exit(0)
+
+
+def _wait_for_eof(control: socket.socket, lifeline: int | None) -> None:
+    watched = [control] + ([lifeline] if lifeline is not None else [])
+    while True:
+        readable, _, _ = select.select(watched, [], [])
+        if lifeline in readable and not os.read(lifeline, 64):
+            return
+        if control in readable and not control.recv(4096):
+            return
+
+
+def _send(control: socket.socket, message: dict[str, Any]) -> None:
+    data = json.dumps(message).encode()
+    control.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """One request and its descriptors; None at EOF."""
+    data, fds, _flags, _addr = socket.recv_fds(control, _HEADER.size, 8)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    while len(data) < _HEADER.size:
+        more = control.recv(_HEADER.size - len(data))
+        if not more:
+            return None
+        data += more
+    (size,) = _HEADER.unpack(data)
+    if size > _MAX_REQUEST:
+        raise OSError(f"request of {size} bytes")
+    body = bytearray()
+    while len(body) < size:
+        more = control.recv(min(size - len(body), 1 << 20))
+        if not more:
+            return None
+        body += more
+    return json.loads(body), list(fds)
+
+
+def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socket.socket) -> int:
+    if len(fds) != 3:
+        raise OSError(f"expected 3 descriptors, got {len(fds)}")
+    import _thread
+
+    if _thread._count():
+        raise OSError("the template has a thread: it cannot fork safely")
+    pid = clone()
+    if pid == 0:
+        try:
+            _become_worker(request, fds, control)
+        except BaseException as exc:  # nothing half-made may run tasks: tell, and go
+            try:
+                os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
+            finally:
+                os._exit(2)
+    return pid
+
+
+def _become_worker(request: dict[str, Any], fds: list[int], control: socket.socket) -> None:
+    """In the child: what ``Popen(start_new_session=True, env=, cwd=, pass_fds=)`` and a new
+    interpreter would have given it."""
+    channel, out, err = fds
+    os.setsid()
+    if _pdeath_signal:  # the watchdog of _entry arms its own (a worker's is sigwait-based)
+        signal.signal(_pdeath_signal, signal.SIG_DFL)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    control_fd = control.detach()
+    os.dup2(channel, control_fd)  # the channel takes the control socket's number (our argv)
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    time.tzset()  # the time module read TZ when the template imported it
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    for name, limits in request["rlimits"].items():
+        which = getattr(resource, name)
+        wanted = (int(limits[0]), int(limits[1]))
+        if resource.getrlimit(which) != wanted:
+            resource.setrlimit(which, wanted)
+    nice = int(request["nice"])
+    if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    cpus = set(request["affinity"])
+    if cpus and os.sched_getaffinity(0) != cpus:
+        os.sched_setaffinity(0, cpus)
+    _rename_argv()
+
+
+def _rename_argv() -> None:
+    """``--zygote`` -> ``--forked`` in ``/proc/self/cmdline`` (the memory the kernel shows:
+    the bytes of the original argv; the same length, so nothing moves) and in ``sys.argv``."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    raw = ctypes.string_at(start, end - start)
+    at = raw.rfind(b"\0" + ZYGOTE_FLAG + b"\0")
+    if at >= 0:
+        ctypes.memmove(start + at + 1, FORKED_FLAG, len(FORKED_FLAG))
+    for argv in (sys.argv, getattr(sys, "orig_argv", [])):
+        if argv and argv[-1] == ZYGOTE_FLAG.decode():
+            argv[-1] = FORKED_FLAG.decode()

@@ -1,0 +1,451 @@
+"""Zygote workers (the driver's side): a new worker in ~2 ms, forked from a template.
+
+Who calls it: ``process.WorkerProcess._launch``, for every worker it starts (``fork``); the
+template process itself is ``_zygote.py``.
+
+For each interpreter and each set of start-time settings (the environment variables an
+interpreter reads as it starts: ``PYTHON*``, the locale's ``LC_*``/``LANG``, ``HOME`` for
+the user site, the dynamic loader's ``LD_*`` and glibc's tunables; plus the interpreter's own
+flags, which come with it) this process keeps at most one template: a process started like
+a worker that has imported the bootstrap and cloudpickle and forks workers on request. A
+forked worker then takes the env's variables, cwd, ``sys.path``, and what else a spawned one
+would inherit from the driver now (umask, resource limits, niceness, CPU affinity).
+
+A worker is spawned as before (``fork`` returns None) when it cannot be forked exactly:
+
+- its context has a command prefix (``nice``, ``taskset``, any wrapper that must exec) or
+  says ``spawn_only`` (``py_executable``: the user named how their Python starts);
+- its environment differs from the driver's in a start-time setting (``env_vars`` that set
+  ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LC_ALL``...);
+- no template is ready: the first worker of an interpreter starts its template in the
+  background and is spawned itself (a later one waits up to ``READY_WAIT`` for a template
+  that is starting); a template that cannot fork here (not Linux x86_64/aarch64 with glibc)
+  is remembered, and its interpreter's workers are spawned;
+- ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
+
+Templates stop when no worker was forked from them for ``idle_timeout`` seconds (the
+largest of the pools that used them), when the driver exits (their lifeline), or with
+``stop_all``. A forked worker is the driver's child (``clone(CLONE_PARENT)``): it is reaped,
+killed by group and watched for its parent's death exactly like a spawned one. Differences
+that remain: ``/proc/<pid>/environ`` shows the environment its template started with (the
+worker's ``os.environ`` and its children's are the env's), and forked workers share their
+template's string hash seed unless ``PYTHONHASHSEED`` fixes one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..context import EnvContext
+from . import lifeline
+
+__all__ = ["ZYGOTE_VAR", "ForkedChild", "Template", "fork", "start_time_settings", "stop_all"]
+
+ZYGOTE_VAR = "JUPYTER_RUNTIMEENV_ZYGOTE"
+#: How long a worker waits for a template that is starting before it is spawned instead.
+READY_WAIT = 0.1
+#: How long a template may take to say HELLO (an interpreter start and cloudpickle).
+STARTUP_TIMEOUT = 60.0
+DEFAULT_IDLE_TIMEOUT = 60.0
+_HEADER = struct.Struct("!I")
+_START_NAMES = frozenset(("LANG", "HOME", "GLIBC_TUNABLES"))
+_START_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_")
+
+
+def start_time_settings(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables of ``env`` an interpreter reads as it starts (sorted items)."""
+    return tuple(
+        sorted(
+            (name, value)
+            for name, value in env.items()
+            if name in _START_NAMES or name.startswith(_START_PREFIXES)
+        )
+    )
+
+
+class ForkedChild:
+    """A forked worker, as ``process.WorkerProcess`` uses a ``Popen``: ``pid``, ``stdout``,
+    ``stderr`` (the read ends of its pipes), ``returncode``, ``poll``, ``wait``."""
+
+    def __init__(self, pid: int, stdout: int, stderr: int) -> None:
+        self.pid = pid
+        self.stdout = os.fdopen(stdout, "rb", 0)
+        self.stderr = os.fdopen(stderr, "rb", 0)
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        return self._wait(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            code = self._wait(0)
+            assert code is not None
+            return code
+        deadline = time.monotonic() + timeout
+        while (code := self._wait(os.WNOHANG)) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.005)
+        return code
+
+    def _wait(self, options: int) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            try:
+                pid, status = os.waitpid(self.pid, options)
+            except ChildProcessError:  # reaped by someone else (os.wait() in user code)
+                self.returncode = 255
+                return self.returncode
+            if pid == 0:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+
+class Template:
+    """One template process (see the module's docstring). ``state``: ``starting``,
+    ``ready``, ``unusable`` (it cannot fork here: its workers are spawned) or ``stopped``."""
+
+    def __init__(self, python: str, base: dict[str, str], entry: str) -> None:
+        self.python = python
+        self.base = base
+        self.entry = entry
+        self.state = "starting"
+        self.error = ""
+        self.pid = 0
+        self.idle_timeout = DEFAULT_IDLE_TIMEOUT
+        self.last_used = time.monotonic()
+        #: Workers forked so far.
+        self.forks = 0
+        self.ready = threading.Event()
+        self._lock = threading.Lock()  # one request at a time on the control socket
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        #: What the template's interpreter changed in the environment it was given as it
+        #: started (PEP 538's locale coercion): a spawned worker's would change the same.
+        self._added: dict[str, str] = {}
+        self._removed: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"<Template {self.python} pid={self.pid} {self.state}>"
+
+    def start(self) -> None:
+        """Start the process and wait for its HELLO (in a background thread)."""
+        ours, theirs = socket.socketpair()
+        life = lifeline.lifeline_fd()
+        argv = [
+            self.python, self.entry, "--fd", str(theirs.fileno()), "--lifeline", str(life),
+            "--parent", str(os.getpid()), "--zygote",
+        ]  # fmt: skip
+        try:
+            # Its stdout and stderr are pipes, as a worker's are: the streams Python makes
+            # for them as it starts (buffering, seekable or not) are what its forks keep.
+            self._proc = lifeline.launch(
+                lambda: subprocess.Popen(
+                    argv,
+                    env=self.base,
+                    pass_fds=(theirs.fileno(), life),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # a Ctrl-C meant for the driver is not for it
+                )
+            )
+        except OSError as exc:
+            ours.close()
+            self.error = f"cannot start {self.python}: {exc}"
+            self.state = "stopped"  # perhaps later (an env being rebuilt): try again then
+            self.ready.set()
+            return
+        finally:
+            theirs.close()
+        self.pid = self._proc.pid
+        self._sock = ours
+        ours.settimeout(STARTUP_TIMEOUT)
+        try:
+            hello = _receive(ours)
+        except (OSError, ValueError) as exc:
+            self._fail(f"no HELLO from template pid {self.pid}: {exc}{self._stderr_tail()}")
+            self.stop()
+            return
+        finally:
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()  # it never writes there
+        if hello.get("error"):
+            self._fail(str(hello["error"]))  # its workers are spawned
+            self.stop()
+            return
+        if self._proc.stderr is not None:
+            self._proc.stderr.close()
+        environ = hello.get("environ", {})
+        self._added = {k: v for k, v in environ.items() if self.base.get(k) != v}
+        self._removed = [k for k in self.base if k not in environ]
+        ours.settimeout(10.0)  # a fork takes milliseconds: longer, it is hung (SIGSTOP)
+        self.state = "ready"
+        self.ready.set()
+
+    def _stderr_tail(self) -> str:
+        stream = self._proc.stderr if self._proc is not None else None
+        if stream is None:
+            return ""
+        os.set_blocking(stream.fileno(), False)
+        try:
+            tail = (stream.read() or b"")[-2000:].decode("utf-8", "replace").strip()
+        except OSError:
+            tail = ""
+        stream.close()
+        return f"\n--- its stderr ---\n{tail}" if tail else ""
+
+    def _fail(self, error: str) -> None:
+        self.error = error
+        self.state = "unusable"
+        self.ready.set()
+
+    def fork(self, env: dict[str, str], cwd: str, channel: int, idle_timeout: float) -> ForkedChild:
+        """Fork a worker with ``env`` and ``cwd``, its channel ``channel``; ``OSError`` if
+        the template could not (the caller spawns)."""
+        env = dict(env)  # the caller spawns with its own if this fails
+        for name in self._removed:
+            env.pop(name, None)
+        env.update(self._added)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            request = json.dumps({"env": env, "cwd": cwd, **_inherited()}).encode()
+            with self._lock:
+                sock = self._sock
+                if sock is None or self.state != "ready":
+                    raise OSError(f"template {self.python} is {self.state}")
+                self.last_used = time.monotonic()
+                self.idle_timeout = max(self.idle_timeout, idle_timeout)
+                try:
+                    socket.send_fds(sock, [_HEADER.pack(len(request))], [channel, out_w, err_w])
+                    sock.sendall(request)
+                    reply = _receive(sock)
+                except (OSError, ValueError) as exc:
+                    self.state = "stopped"  # it died, or broke the protocol: a new one later
+                    raise OSError(f"template pid {self.pid}: {exc}") from exc
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if "pid" not in reply:
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError(f"template pid {self.pid}: {reply.get('error', reply)}")
+        self.forks += 1
+        return ForkedChild(int(reply["pid"]), out_r, err_r)
+
+    def stop(self) -> None:
+        """Close its control socket (it exits at EOF) and reap it."""
+        with self._lock:
+            if self.state in ("starting", "ready"):
+                self.state = "stopped"
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        self.ready.set()
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _receive(sock: socket.socket) -> dict[str, Any]:
+    header = _exactly(sock, _HEADER.size)
+    (size,) = _HEADER.unpack(header)
+    data: dict[str, Any] = json.loads(_exactly(sock, size))
+    return data
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            raise OSError("the template closed its control socket")
+        data += more
+    return data
+
+
+def _inherited() -> dict[str, Any]:
+    """What a child spawned now would inherit from us (niceness and affinity are per thread
+    on Linux: the launcher thread's, which spawns)."""
+    launcher = lifeline.launcher_tid()
+    limits = {
+        name: list(resource.getrlimit(getattr(resource, name)))
+        for name in dir(resource)
+        if name.startswith("RLIMIT_")
+    }
+    return {
+        "umask": _umask(),
+        "rlimits": limits,
+        "nice": os.getpriority(os.PRIO_PROCESS, launcher),
+        "affinity": sorted(os.sched_getaffinity(launcher)),
+    }
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    # Without /proc: set and restore (another thread creating a file meanwhile would get 077).
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+# -- the registry: one template per (interpreter, start-time settings) --------------------
+
+_lock = threading.Lock()
+_Key = tuple[tuple[str, int, int, int], tuple[tuple[str, str], ...]]
+_templates: dict[_Key, Template] = {}
+_janitor: threading.Thread | None = None
+
+
+def enabled() -> bool:
+    return (
+        sys.platform == "linux"
+        and os.environ.get(ZYGOTE_VAR, "1") != "0"
+        and hasattr(socket, "send_fds")
+    )
+
+
+def fork(
+    ctx: EnvContext,
+    env: dict[str, str],
+    channel: int,
+    *,
+    entry: str,
+    idle_timeout: float,
+    extra: Mapping[str, str],
+) -> ForkedChild | None:
+    """A worker forked from ``ctx``'s template, or None: spawn it (see the module's
+    docstring for when). ``env`` is the worker's whole environment (``process_env``);
+    ``extra``: variables a template needs too (the bootstrap's, the same for every worker)."""
+    if not enabled() or ctx.command_prefix or ctx.spawn_only:
+        return None
+    base = {**os.environ, **extra}
+    settings = start_time_settings(env)
+    if settings != start_time_settings(base):
+        return None  # env_vars change how the interpreter starts: spawn exactly that
+    try:  # a rebuilt venv at the same path is another interpreter: another template
+        st = os.lstat(ctx.python)
+    except OSError:
+        return None  # the spawn reports it
+    identity = (ctx.python, st.st_dev, st.st_ino, st.st_mtime_ns)
+    template = _template(identity, settings, base, entry, idle_timeout)
+    if template is None:
+        return None
+    cwd = ctx.cwd or os.getcwd()
+    try:
+        return template.fork(env, cwd, channel, idle_timeout)
+    except OSError:
+        return None  # spawned instead; the next worker starts a new template if it died
+
+
+def _template(
+    identity: tuple[str, int, int, int],
+    settings: tuple[tuple[str, str], ...],
+    base: dict[str, str],
+    entry: str,
+    idle_timeout: float,
+) -> Template | None:
+    """The ready template for ``python`` and ``settings``; None (start it if there is none,
+    wait ``READY_WAIT`` for one that is starting)."""
+    global _janitor
+    key = (identity, settings)
+    with _lock:
+        template = _templates.get(key)
+        if template is None or template.state == "stopped":
+            template = Template(identity[0], base, entry)
+            template.idle_timeout = idle_timeout  # the first pool's; the largest later
+            _templates[key] = template
+            threading.Thread(
+                target=template.start, name=f"jupyter-runtimeenv-zygote-{len(_templates)}",
+                daemon=True,
+            ).start()  # fmt: skip
+            if _janitor is None:
+                _janitor = threading.Thread(
+                    target=_reap_idle, name="jupyter-runtimeenv-zygote-janitor", daemon=True
+                )
+                _janitor.start()
+            return None  # this worker is spawned; the template is ready for the next ones
+    template.ready.wait(READY_WAIT)
+    return template if template.state == "ready" else None
+
+
+def templates() -> list[Template]:
+    with _lock:
+        return list(_templates.values())
+
+
+def stop_all() -> None:
+    """Stop every template (tests; a driver that wants nothing left running)."""
+    with _lock:
+        stopping = list(_templates.values())
+        _templates.clear()
+    for template in stopping:
+        template.stop()
+
+
+def _reap_idle() -> None:
+    """The janitor thread: stops idle templates; ends when there is none left."""
+    global _janitor
+    while True:
+        time.sleep(1.0)
+        now = time.monotonic()
+        with _lock:
+            if not _templates:
+                _janitor = None
+                return
+            idle = [
+                (key, t)
+                for key, t in _templates.items()
+                if t.state == "ready" and now - t.last_used > t.idle_timeout
+            ]
+            for key, _ in idle:
+                del _templates[key]
+        for _, template in idle:
+            template.stop()
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _janitor
+    # The templates are the parent's: our copies of their control sockets must not keep
+    # one alive once the parent stops it.
+    for template in _templates.values():
+        sock = template._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+    _templates.clear()
+    _lock = threading.Lock()
+    _janitor = None
+
+
+if sys.platform != "win32":
+    os.register_at_fork(after_in_child=_after_fork_in_child)

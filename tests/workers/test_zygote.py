@@ -1,0 +1,263 @@
+"""Zygote workers (issue 19 item 1): forked from a template where a fork gives exactly what a
+spawn would, spawned where it cannot.
+
+Each test compares what a worker sees (``snapshot``: ``os.environ``, ``sys.path``, cwd,
+``sys.flags``, resource limits, umask, niceness, affinity, process group and session, its
+parent, its command line, signal mask and handlers, its descriptors, its watchdog threads)
+with what a worker spawned as before (``JUPYTER_RUNTIMEENV_ZYGOTE=0``) sees, in the same
+driver state. The driver's state is changed after its template started (umask, a resource
+limit, the cwd, a variable): a forked worker must follow the driver, not the template.
+Real processes throughout: the template, its forks, spawned workers, a real agent building
+the ``py_executable`` env.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import submit
+from processes import of, survivors
+
+from jupyter_runtimeenv.client import EmbeddedClient
+from jupyter_runtimeenv.context import EnvContext
+from jupyter_runtimeenv.workers import zygote
+from jupyter_runtimeenv.workers.pool import Pool
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"),
+    reason="templates fork workers on Linux x86_64/aarch64",
+)
+
+
+def snapshot() -> dict[str, Any]:
+    """What a worker sees of its process (runs in the worker)."""
+    import os
+    import resource
+    import signal
+    import stat
+    import sys
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    lifeline = int(sys.argv[sys.argv.index("--lifeline") + 1])
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+
+    def kind(fd: int) -> str:
+        mode = os.fstat(fd).st_mode
+        for name in ("FIFO", "CHR", "SOCK"):
+            if getattr(stat, f"S_IS{name}")(mode):
+                return name.lower()
+        return "other"
+
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = f.read().split(b"\0")
+    return {
+        "environ": dict(os.environ),
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        "flags": tuple(sys.flags),
+        "warnoptions": list(sys.warnoptions),
+        "executable": (sys.executable, sys.prefix, sys.base_prefix),
+        "rlimits": {
+            name: resource.getrlimit(getattr(resource, name))
+            for name in dir(resource)
+            if name.startswith("RLIMIT_")
+        },
+        "umask": mask,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "leader": (os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid()),
+        "ppid": os.getppid(),
+        "entry": [part for part in cmdline if part.endswith(b"_entry.py")] != [],
+        "forked": cmdline[-2:] == [b"--forked", b""] and sys.argv[-1] == "--forked",
+        "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "handlers": {
+            int(s): repr(signal.getsignal(s)) for s in signal.valid_signals() if s < signal.SIGRTMIN
+        },
+        "stdio": [kind(fd) for fd in (0, 1, 2)],
+        "lifeline": kind(lifeline),
+        "fd_count": len(fds) - 1,  # the one listdir opened
+        "threads": len(os.listdir("/proc/self/task")),
+        "stdout_encoding": (sys.stdout.encoding, sys.stdout.line_buffering),
+        "filesystem_encoding": sys.getfilesystemencoding(),
+    }
+
+
+def same_but_spawned(snap: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot without what is not the same in two workers whatever their start: whether
+    it was forked, and the switch that says so."""
+    out = dict(snap)
+    out.pop("forked")
+    out["environ"] = {k: v for k, v in snap["environ"].items() if k != zygote.ZYGOTE_VAR}
+    return out
+
+
+@pytest.fixture
+def pools() -> Iterator[Callable[..., Pool]]:
+    made: list[Pool] = []
+
+    def make(ctx: EnvContext, idle_timeout: float = 60.0) -> Pool:
+        pool = Pool(lambda: ctx, max_workers=1, idle_timeout=idle_timeout)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.close()
+    zygote.stop_all()
+
+
+def template_ready(
+    ctx: EnvContext, pools: Callable[..., Pool], idle_timeout: float = 60.0
+) -> zygote.Template:
+    """Start ``ctx``'s template (its first worker is spawned) and wait until it is ready."""
+    submit(pools(ctx, idle_timeout), os.getpid).result(120)
+    deadline = time.monotonic() + 120
+    while True:
+        ready = [t for t in zygote.templates() if t.python == ctx.python and t.state == "ready"]
+        if ready:
+            return ready[0]
+        assert time.monotonic() < deadline, f"no template became ready: {zygote.templates()}"
+        time.sleep(0.02)
+
+
+def run_snapshot(ctx: EnvContext, pools: Callable[..., Pool], *, spawn: bool) -> dict[str, Any]:
+    """A new worker's snapshot: forked if it can be, or spawned (``spawn``: templates off)."""
+    if spawn:
+        os.environ[zygote.ZYGOTE_VAR] = "0"
+    try:
+        return dict(submit(pools(ctx), snapshot).result(120))
+    finally:
+        os.environ.pop(zygote.ZYGOTE_VAR, None)
+
+
+@pytest.fixture
+def driver_changed(tmp_path: Path) -> Iterator[Path]:
+    """The driver changes what workers inherit after its template started."""
+    cwd, mask = os.getcwd(), os.umask(0o027)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    os.chdir(tmp_path)
+    os.environ["JRE_SET_LATE"] = "after the template"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1000), hard))
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(cwd)
+        os.umask(mask)
+        os.environ.pop("JRE_SET_LATE", None)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_forked_worker_is_what_a_spawned_one_would_be(
+    ctx: EnvContext, pools: Callable[..., Pool], request: pytest.FixtureRequest
+) -> None:
+    template = template_ready(ctx, pools)
+    request.getfixturevalue("driver_changed")
+    forked = run_snapshot(ctx, pools, spawn=False)
+    spawned = run_snapshot(ctx, pools, spawn=True)
+    assert forked["forked"], "the worker was not forked from the template"
+    assert not spawned["forked"]
+    assert same_but_spawned(forked) == same_but_spawned(spawned)
+    # And what that means, said plainly:
+    assert forked["environ"]["JRE_SET_LATE"] == "after the template"
+    assert forked["environ"]["JRE_TEST"] == "direct"
+    assert forked["cwd"] == os.path.realpath(request.getfixturevalue("tmp_path"))
+    assert forked["umask"] == 0o027
+    assert forked["leader"] == (True, True)
+    assert forked["ppid"] == os.getpid() != template.pid
+    assert forked["entry"]
+    assert forked["lifeline"] == "fifo"
+    assert forked["stdio"] == ["chr", "fifo", "fifo"]
+    assert forked["threads"] == 3  # main, and the watchdog's two
+    assert signal.SIGRTMIN + 6 in forked["sigmask"]
+
+
+def test_env_vars_and_cwd_of_the_env_reach_a_forked_worker(
+    ctx: EnvContext, pools: Callable[..., Pool], tmp_path: Path
+) -> None:
+    template_ready(ctx, pools)
+    other = ctx.replace(env_vars={"MODE": "fast", "PATH": "/opt/x:${PATH}"}, cwd=str(tmp_path))
+    forked = run_snapshot(other, pools, spawn=False)
+    assert forked["forked"]
+    assert forked["environ"]["MODE"] == "fast"
+    assert forked["environ"]["PATH"] == "/opt/x:" + os.environ["PATH"]
+    assert "JRE_TEST" not in forked["environ"]
+    assert forked["cwd"] == str(tmp_path)
+    assert same_but_spawned(forked) == same_but_spawned(run_snapshot(other, pools, spawn=True))
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["command prefix", "py_executable", "PYTHON* variable", "loader variable"],
+)
+def test_what_cannot_be_forked_is_spawned_exactly(
+    why: str,
+    ctx: EnvContext,
+    pools: Callable[..., Pool],
+    client: EmbeddedClient,
+) -> None:
+    template_ready(ctx, pools)
+    if why == "command prefix":
+        other = ctx.replace(command_prefix=["nice", "-n", "3"])
+    elif why == "py_executable":
+        built = client.acquire_sync({"py_executable": sys.executable}, "test")
+        assert built.spawn_only
+        other = ctx.replace(
+            python=built.python, command_prefix=list(built.command_prefix), spawn_only=True
+        )
+    elif why == "PYTHON* variable":
+        other = ctx.replace(env_vars={"PYTHONWARNINGS": "ignore::UserWarning"})
+    else:
+        other = ctx.replace(env_vars={"LD_LIBRARY_PATH": "/nonexistent/lib"})
+    first = run_snapshot(other, pools, spawn=False)
+    assert not first["forked"], f"a worker with a {why} was forked"
+    assert same_but_spawned(first) == same_but_spawned(run_snapshot(other, pools, spawn=True))
+    if why == "command prefix":
+        assert first["nice"] == os.getpriority(os.PRIO_PROCESS, 0) + 3
+    if why == "PYTHON* variable":
+        assert first["warnoptions"] == ["ignore::UserWarning"]
+
+
+def test_a_template_stops_when_idle_and_its_workers_live_on(
+    ctx: EnvContext, pools: Callable[..., Pool]
+) -> None:
+    template = template_ready(ctx, pools, idle_timeout=0.5)
+    process = of(template.pid)
+    pool = pools(ctx, 0.5)
+    future = submit(pool, time.sleep, 60)  # busy: its pool's idle timeout cannot stop it
+    deadline = time.monotonic() + 120
+    while not pool.pids:
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.02)
+    worker = of(pool.pids[0])
+    cmdline = Path(f"/proc/{worker.pid}/cmdline")
+    while b"--forked" not in cmdline.read_bytes():  # renamed as it sets up, before HELLO
+        assert time.monotonic() < deadline, f"not a forked worker: {cmdline.read_bytes()!r}"
+        time.sleep(0.02)
+    assert survivors([process], 30) == [], "the idle template did not stop"
+    assert template not in zygote.templates()
+    assert worker.alive(), "a forked worker died with its template"
+    future.cancel()
+
+
+def test_a_dead_template_is_replaced_and_never_hangs_a_worker(
+    ctx: EnvContext, pools: Callable[..., Pool]
+) -> None:
+    template = template_ready(ctx, pools)
+    process = of(template.pid)
+    os.kill(template.pid, signal.SIGKILL)
+    assert survivors([process], 30) == []
+    # The next worker is spawned (the template is found dead on the way), a later one
+    # forked from a new template.
+    assert isinstance(submit(pools(ctx), os.getpid).result(120), int)
+    fresh = template_ready(ctx, pools)
+    assert fresh.pid != template.pid
+    assert run_snapshot(ctx, pools, spawn=False)["forked"]
