@@ -92,11 +92,14 @@ def test_a_node_lost_mid_task_is_a_broken_worker(own_cluster: Any, tmp_path: Pat
         node = psutil.Process(env_worker.pid).parent()  # the Dask worker that runs the node
         assert node is not None
         address = next(a for a, pid in client.run(os.getpid).items() if pid == node.pid)
+        # Everything the node started: its environment workers, the task's child, and the
+        # template its workers are forked from (``workers/zygote.py``) when it has one.
+        below = [p for d in descendants(node.pid) if (p := processes.Proc.of(d.pid))]
         node.kill()
         node.wait(30)
         # Issue 17 item 4: its environment worker, and what its task started, are gone
         # within 2 s (the worker's parent-death watchdog), the call still running.
-        alive = processes.survivors([env_worker, child], 2.0)
+        alive = processes.survivors([env_worker, child, *below], 2.0)
         processes.kill_all(alive)
         assert alive == [], [p.describe() for p in alive]
         with pytest.raises(BrokenWorker) as info:

@@ -190,6 +190,12 @@ def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
         procs = [of(pid) for pid in pids]
         tracked += procs
         kernel = km.provisioner.process  # type: ignore[union-attr]
+        # And whatever else the kernel started: the template its workers fork from, if any.
+        below = [
+            p for d in psutil.Process(kernel.pid).children(recursive=True) if (p := Proc.of(d.pid))
+        ]
+        tracked += below
+        procs += below
         kernel.kill()
         kernel.wait(30)
         assert survivors(procs, WITHIN) == []
