@@ -436,3 +436,42 @@ async def test_another_provisioner_can_take_over_from_the_saved_info(
             await asyncio.sleep(0.2)
     finally:
         await other.cleanup()
+
+
+def test_the_kernelspec_s_node_cache_dir_is_where_the_node_keeps_the_kernel(
+    tmp_path: Path,
+) -> None:
+    """``--node-cache-dir`` (formatted with each Dask worker's name) is where the node builds
+    the kernel's env and keeps its files; the kernel's own tasks use the same cache there."""
+    (tmp_path / "cluster").mkdir()
+    cluster = DaskNodes(tmp_path / "cluster")  # its own: the plugin's first registration wins
+    try:
+        install_kernelspec(
+            "cached",
+            {"env_vars": {"K": "v"}},
+            prefix=str(tmp_path),
+            dask=cluster.address,
+            node_cache_dir=str(tmp_path / "jre-{name}"),
+        )
+        km = kernel_manager(tmp_path, "cached")
+        km.start_kernel()
+        client = km.blocking_client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=120)
+            reply, messages = run(
+                client, "import os; print(os.environ['JUPYTER_RUNTIMEENV_CACHE'])"
+            )
+            assert reply["status"] == "ok", reply
+            node = km.provisioner.node  # type: ignore[union-attr]
+            name = cluster.client.scheduler_info()["workers"][node]["name"]
+            root = tmp_path / f"jre-{name}"
+            assert stream(messages, "stdout").strip() == str(root)
+            directory = Path(cluster.node_kernels()[node][km.kernel_id]["directory"])
+            assert directory.is_relative_to(root)
+            assert not any(r.joinpath("kernels").exists() for r in cluster.cache_roots)
+        finally:
+            client.stop_channels()
+            km.shutdown_kernel(now=True)
+    finally:
+        cluster.stop()
