@@ -278,15 +278,26 @@ class RuntimeEnvAgent:
         has them), and how many envs there are. Reads no stored spec: its cost does not grow
         with the size of the stored envs."""
         out = {env_id: _summary(r.to_json()) for env_id, r in self._machine.records.items()}
-        for env in await asyncio.to_thread(self.cache.env_summaries):
+        end = None if limit is None else offset + limit
+        if end is None:
+            stored = await asyncio.to_thread(self.cache.env_summaries)
+            total = None
+        else:
+            # The first ``end`` of the union are among the records in memory and the first
+            # ``end + len(records)`` stored ones (a record may be ordered by a time of its
+            # own): a page costs its rows, not the whole cache's.
+            stored, count, recorded = await asyncio.to_thread(
+                self.cache.env_summaries_page, end + len(out), list(out)
+            )
+            total = count + len(out.keys() - recorded)
+        for env in stored:
             known = out.get(env["env_id"])
             if known is None:
                 out[env["env_id"]] = {**env, "state": EnvState.READY.value, "error": None}
             else:
                 known["holders"] = sorted({*known["holders"], *env["holders"]})
         ordered = sorted(out.values(), key=lambda e: (e.get("created", 0), e["env_id"]))
-        end = None if limit is None else offset + limit
-        return ordered[offset:end], len(ordered)
+        return ordered[offset:end], len(ordered) if total is None else total
 
     async def touch(self, env_id: str) -> None:
         """Record a use of the env now (a task ran in it): its last use and its resources'

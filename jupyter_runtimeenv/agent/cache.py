@@ -196,6 +196,11 @@ class Cache:
                 "CREATE INDEX IF NOT EXISTS envs_summary"
                 " ON envs (env_id, created, last_used, fields)"
             )
+            # A page of the listing, oldest first, reads only its rows of this one.
+            db.execute(
+                "CREATE INDEX IF NOT EXISTS envs_by_created"
+                " ON envs (created, env_id, last_used, fields)"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -515,6 +520,43 @@ class Cache:
             for r in rows
         ]
 
+    def env_summaries_page(
+        self, first: int, known: Iterable[str] = ()
+    ) -> tuple[list[dict[str, Any]], int, set[str]]:
+        """The ``first`` oldest recorded envs (by created, then env id) as ``env_summaries``
+        gives them, how many envs are recorded, and which of ``known`` are: a page of the
+        listing costs its rows, not every env's (``RuntimeEnvAgent.summaries``)."""
+        known = list(known)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT env_id, created, last_used, fields FROM envs"
+                " ORDER BY created, env_id LIMIT ?",
+                (first,),
+            ).fetchall()
+            (total,) = self._db.execute("SELECT count(*) FROM envs").fetchone()
+            holders: dict[str, list[str]] = {}
+            for chunk in _chunks([r[0] for r in rows]):
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT env_id, holder FROM refs WHERE env_id IN ({marks})"
+                for env_id, holder in self._db.execute(query, chunk):
+                    holders.setdefault(env_id, []).append(holder)
+            stored: set[str] = set()
+            for chunk in _chunks(known):
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT env_id FROM envs WHERE env_id IN ({marks})"
+                stored.update(r[0] for r in self._db.execute(query, chunk))
+        page = [
+            {
+                "env_id": r[0],
+                "created": r[1],
+                "last_used": r[2],
+                "fields": json.loads(r[3] or "[]"),
+                "holders": sorted(holders.get(r[0], [])),
+            }
+            for r in rows
+        ]
+        return page, int(total), stored
+
     def env_row(self, env_id: str) -> dict[str, Any] | None:
         """One recorded env, spec and context included, or None."""
         if not is_env_id(env_id):
@@ -644,3 +686,9 @@ _SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 
 def _field_names(spec: dict[str, Any]) -> list[str]:
     return sorted(k for k in spec if k != "config")
+
+
+def _chunks(items: list[str], size: int = 500) -> Iterator[list[str]]:
+    """``items`` in lists of at most ``size`` (SQLite bounds the parameters of a query)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
