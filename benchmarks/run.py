@@ -1,11 +1,18 @@
 """The whole product in one run, side by side with Ray and Dask: one markdown table.
 
     .venv/bin/python benchmarks/run.py [--quick] [--peers] [--json PATH]
+    .venv/bin/python benchmarks/run.py --scaling [--quick] [--json PATH] [--chart PNG]
 
 Columns: the workload; this project's median (min-max) over the runs; the floor measured in
 the same run (see each row); ours / floor; the target and whether it is met; with
 ``--peers``, Ray's and Dask's median and how many times slower than ours they are.
-Progress goes to stderr, one line per workload. ``--json PATH`` writes every number.
+Progress goes to stderr, one line per workload. ``--json PATH`` writes every number: the
+keys ``date``, ``seconds``, ``quick``, ``machine``, ``ours``, ``floors`` and ``peers`` (each
+workload's result has ``median``, ``min``, ``max``, ``n`` and ``unit``) stay, so runs compare.
+
+``--scaling`` runs the scaling curves instead (``bench_scaling.py``: tasks, files, cached
+envs, kernels; a table of the per-unit costs, a log-log PNG chart next to the JSON, or at
+``--chart``); its JSON has a ``scaling`` object with one list of rows per curve.
 
 Set-up, made once into ignored folders: ``benchmarks/.wheelhouse`` (six, attrs,
 packaging, numpy; ``pip download``: the only network use), ``benchmarks/.peers/ray``
@@ -30,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_scaling
 from _common import HERE, Result, descendants, make_tree, progress, wheelhouse
 from ours import Ours
 
@@ -306,7 +314,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer runs of everything")
     parser.add_argument("--peers", action="store_true", help="run Ray and Dask too")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every number here")
+    parser.add_argument("--scaling", action="store_true", help="the scaling curves instead")
+    parser.add_argument(
+        "--curve", action="append", choices=list(bench_scaling.CURVES), help="with --scaling"
+    )
+    parser.add_argument("--chart", type=Path, metavar="PNG", help="with --scaling: the chart")
     args = parser.parse_args()
+    if args.scaling:
+        scaling_main(args)
+        return
     started, load = time.time(), os.getloadavg()
     reps = REPS["quick" if args.quick else "full"]
     wh = wheelhouse()
@@ -325,26 +341,76 @@ def main() -> None:
                 left = BUDGET - (time.time() - started) - 30
                 config = {"wheelhouse": str(wh), "tree": str(trees[peer]), "reps": peer_reps}
                 peers[peer] = run_peer(peer, config, tmp, timeout=max(60.0, left * share))
-    data = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "seconds": round(time.time() - started, 1),
-        "quick": args.quick,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "loadavg_start": load,
-            "loadavg_end": os.getloadavg(),
-        },
-        "ours": ours.results,
-        "floors": ours.floors,
-        "peers": peers,
-    }
+    data = result_data(started, load, args.quick, ours.results, ours.floors, peers)
     print(table(data))
     print(
         f"\n{data['date']}, {data['seconds']:.0f} s, {os.cpu_count()} cpus, "
         f"load average {load[0]:.1f} at start and {data['machine']['loadavg_end'][0]:.1f} "
         f"at the end; peers: x = how many times slower than ours"
     )
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=1))
+
+
+#: The keys of ``--json`` that every run keeps (issue 19 item 7), so runs stay comparable.
+JSON_KEYS = ("date", "seconds", "quick", "machine", "ours", "floors", "peers")
+
+
+def result_data(
+    started: float,
+    load: tuple[float, float, float],
+    quick: bool,
+    ours: dict[str, Result],
+    floors: dict[str, Result],
+    peers: dict[str, Any],
+) -> dict[str, Any]:
+    """What ``--json`` writes: ``JSON_KEYS``; each result keeps ``median`` (``min``, ``max``,
+    ``n``, ``unit``) or says why it is missing (``na``)."""
+    for key, result in [*ours.items(), *floors.items()]:
+        if "median" not in result and "na" not in result:
+            raise ValueError(f"{key}: a result without a median")
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "quick": quick,
+        "machine": machine(load),
+        "ours": ours,
+        "floors": floors,
+        "peers": peers,
+    }
+
+
+def machine(load: tuple[float, float, float]) -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "loadavg_start": load,
+        "loadavg_end": os.getloadavg(),
+    }
+
+
+def scaling_main(args: argparse.Namespace) -> None:
+    started, load = time.time(), os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="jre-bench-scaling-") as name:
+        scaling = bench_scaling.run(Path(name), args.quick, args.curve)
+    data = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "quick": args.quick,
+        "machine": machine(load),
+        "scaling": scaling,
+        "growth": {name: bench_scaling.growth(rows) for name, rows in scaling.items()},
+    }
+    end = data["machine"]["loadavg_end"][0]
+    footer = (
+        f"{data['date']}, {data['seconds']:.0f} s, {os.cpu_count()} cpus, load average "
+        f"{load[0]:.1f} at start and {end:.1f} at the end"
+    )
+    print(bench_scaling.table(scaling))
+    print(f"\n{footer}")
+    chart = args.chart or (args.json.with_suffix(".png") if args.json else Path("scaling.png"))
+    bench_scaling.chart(scaling, chart, f"jupyter-runtimeenv scaling: {footer}")
+    print(f"chart: {chart}")
     if args.json:
         args.json.write_text(json.dumps(data, indent=1))
 

@@ -1,0 +1,450 @@
+"""How costs grow with the work: the curves of ``run.py --scaling`` (issue 19 item 6).
+
+    .venv/bin/python benchmarks/run.py --scaling [--quick] [--json PATH]
+
+Four curves, each row a size ``n`` and its measures; per-unit measures are named ``per_*``
+(seconds or bytes per task, file, env, request or kernel). Flat is the target: each per-unit
+cost at the largest ``n`` at most 1.5x the smallest.
+
+- ``tasks`` (1k, 10k, 100k): no-op tasks submitted at once to a ``LocalExecutor`` with two
+  workers (agent embedded): ``per_task_s`` (wall time / n), the throughput, the driver's
+  RSS growth with every future submitted and held (``rss_growth_mb``), and
+  ``per_future_bytes``: the bytes allocated (tracemalloc, a second pass) per held future,
+  most of them still pending.
+- ``files`` (1k, 10k, 100k files of 1 KiB in 100 directories): a task in a ``working_dir``
+  env, first (a new agent, the stat cache forgotten), unchanged (a new worker) and one byte
+  changed: seconds per file of each.
+- ``envs`` (10, 1,000, 10,000 cached env_vars-only envs in one cache): a real ``jupyter
+  server`` on that cache answering ``GET status`` and the first page of ``GET envs``
+  (``per_request_p50_s``/``per_request_p99_s`` over 40 calls each: flat means a request
+  does not grow with the stored envs), ``jupyter runtimeenv list --json`` and ``gc`` (the
+  CLI, a process each; seconds per env).
+- ``kernels`` (1, 4, 16): real ipykernels of one server, all at once: ``%load_ext``,
+  ``%runtime_env --env-var K=i`` (a new env each) and a remote call, while this process
+  asks the server's status back to back: the p99 of those requests and the server's RSS
+  growth per kernel.
+
+``--quick`` leaves out each curve's largest size (fewer than three points then).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import descendants, progress, rss_mb
+from bench_server_loop import API, free_port, request, start_server, wait_until_up
+
+import jupyter_runtimeenv as jre
+from jupyter_runtimeenv.agent import RuntimeEnvAgent
+from jupyter_runtimeenv.client import EmbeddedClient
+from jupyter_runtimeenv.plugins import _hashing
+
+SIZES = {
+    "tasks": [1_000, 10_000, 100_000],
+    "files": [1_000, 10_000, 100_000],
+    "envs": [10, 1_000, 10_000],
+    "kernels": [1, 4, 16],
+}
+Row = dict[str, Any]
+#: Each per-unit cost at the largest n at most this times the smallest.
+TARGET = 1.5
+
+
+def noop() -> None:
+    return None
+
+
+def count_files(path: str = ".") -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+def own_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def executor(client: EmbeddedClient, **kwargs: Any) -> jre.LocalExecutor:
+    ex = jre.LocalExecutor(acquire=client.acquire_sync, release=client.release_sync, **kwargs)
+    jre.init(executor=ex)
+    return ex
+
+
+def tasks_curve(tmp: Path, sizes: list[int]) -> list[Row]:
+    rows = []
+    client = EmbeddedClient(RuntimeEnvAgent(tmp / "tasks-agent"))
+    ex = executor(client, max_workers=2)
+    try:
+        f = jre.remote(noop)
+        jre.get([f.remote() for _ in range(2000)])  # both workers up, the function sent
+        for n in sizes:
+            before = own_rss()
+            started = time.perf_counter()
+            futures = [f.remote() for _ in range(n)]
+            rss = own_rss() - before  # every future held (most still pending)
+            jre.get(futures)
+            seconds = time.perf_counter() - started
+            del futures
+            # The bytes a held future costs, from the allocator (RSS alone cannot tell: a
+            # small batch fits in memory freed earlier); a pass of its own, as tracing slows
+            # the submitting thread.
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            futures = [f.remote() for _ in range(n)]
+            held = tracemalloc.get_traced_memory()[0] - base
+            tracemalloc.stop()
+            jre.get(futures)
+            del futures
+            rows.append(
+                {
+                    "n": n,
+                    "seconds": seconds,
+                    "throughput": n / seconds,
+                    "rss_growth_mb": max(rss, 0) / 2**20,
+                    "per_task_s": seconds / n,
+                    "per_future_bytes": max(held, 0) / n,
+                }
+            )
+            progress(f"scaling tasks {n:,}: {n / seconds:,.0f}/s, {held / n:.0f} B per future")
+    finally:
+        ex.shutdown()
+        jre.shutdown()
+        client.close()
+    return rows
+
+
+def make_files(root: Path, n: int) -> Path:
+    """``n`` files of 1 KiB in 100 directories, mtimes a minute old."""
+    old = time.time() - 60
+    for d in range(100):
+        (root / f"d{d:02d}").mkdir(parents=True)
+    for i in range(n):
+        path = root / f"d{i % 100:02d}" / f"f{i:06d}.txt"
+        path.write_bytes(os.urandom(512).hex().encode())
+        os.utime(path, (old, old))
+    return root
+
+
+def files_curve(tmp: Path, sizes: list[int]) -> list[Row]:
+    rows = []
+    for n in sizes:
+        tree = make_files(tmp / f"tree-{n}", n)
+        env = {"working_dir": str(tree)}
+        call = jre.remote(count_files).options(runtime_env=env)
+        _hashing.forget_stat_cache()  # a tree never seen, as in a new kernel
+        client = EmbeddedClient(RuntimeEnvAgent(tmp / f"files-agent-{n}"))
+        try:
+            ex = executor(client)
+            started = time.perf_counter()
+            assert call.remote().result(1800) == n
+            first = time.perf_counter() - started
+            ex.shutdown()
+            ex = executor(client)  # a new pool: a new worker
+            started = time.perf_counter()
+            call.remote().result(1800)
+            unchanged = time.perf_counter() - started
+            ex.shutdown()
+            victim = tree / "d00" / "f000000.txt"
+            victim.write_bytes(b"x" + victim.read_bytes()[1:])
+            ex = executor(client)
+            started = time.perf_counter()
+            call.remote().result(1800)
+            one_byte = time.perf_counter() - started
+            ex.shutdown()
+        finally:
+            jre.shutdown()
+            client.close()
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(tmp / f"files-agent-{n}", ignore_errors=True)
+        rows.append(
+            {
+                "n": n,
+                "first_s": first,
+                "unchanged_s": unchanged,
+                "one_byte_s": one_byte,
+                "per_file_first_s": first / n,
+                "per_file_unchanged_s": unchanged / n,
+                "per_file_one_byte_s": one_byte / n,
+            }
+        )
+        progress(f"scaling files {n:,}: first {first:.2f} s, unchanged {unchanged:.3f} s")
+    return rows
+
+
+def _fill_cache(cache: Path, have: int, want: int) -> None:
+    """Grow the cache to ``want`` env_vars-only envs (built, then unheld) through an agent."""
+    if want <= have:
+        return
+    client = EmbeddedClient(RuntimeEnvAgent(cache))
+    try:
+        for i in range(have, want):
+            ctx = client.acquire_sync({"env_vars": {"JRE_SCALING": str(i)}}, "scaling")
+            client.release_sync(ctx.env_id, "scaling")
+    finally:
+        client.close()
+
+
+def _latencies(conn: http.client.HTTPConnection, path: str, token: str, calls: int) -> list[float]:
+    out = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        code, _body = request(conn, "GET", path, token)
+        out.append(time.perf_counter() - started)
+        assert code == 200, (path, code)
+    return out
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q * len(ordered)) - 1))]
+
+
+def _cli(cache: Path, *argv: str) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "jupyter_runtimeenv", "--cache-dir", str(cache), *argv],
+        check=True, stdout=subprocess.DEVNULL, timeout=1800,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+def envs_curve(tmp: Path, sizes: list[int]) -> list[Row]:
+    rows = []
+    root = tmp / "envs"
+    cache = root / "cache"  # start_server's cache_dir
+    root.mkdir()
+    cache.mkdir(mode=0o700)
+    have = 0
+    for n in sizes:
+        _fill_cache(cache, have, n)
+        have = n
+        port, token = free_port(), secrets.token_hex(16)
+        server = start_server(root, root, port, token)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            wait_until_up(server, conn, f"{API}/status", token)
+            status = _latencies(conn, f"{API}/status", token, 40)
+            page = _latencies(conn, f"{API}/envs", token, 40)
+            conn.close()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+        listing = _cli(cache, "list", "--json")
+        gc = _cli(cache, "gc", "--max-bytes", "1T")  # looks at everything, evicts nothing
+        both = status + page
+        rows.append(
+            {
+                "n": n,
+                "status_p50_s": statistics.median(status),
+                "envs_page_p50_s": statistics.median(page),
+                "per_request_p50_s": statistics.median(both),
+                "per_request_p99_s": _p(both, 0.99),
+                "list_s": listing,
+                "gc_s": gc,
+                "per_env_list_s": listing / n,
+                "per_env_gc_s": gc / n,
+            }
+        )
+        progress(
+            f"scaling envs {n:,}: request p99 {_p(both, 0.99) * 1000:.1f} ms, "
+            f"list {listing:.2f} s, gc {gc:.2f} s"
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+KERNEL_CODE = """
+%load_ext jupyter_runtimeenv
+%runtime_env --env-var K={i} --no-widget
+import jupyter_runtimeenv as _jre
+assert _jre.remote(lambda: 1).remote().result(600) == 1
+"""
+
+
+def _kernel_work(url: str, token: str, i: int, errors: list[str], ready: threading.Barrier) -> None:
+    from jupyter_client.manager import start_new_kernel
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_RUNTIMEENV_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        JUPYTER_RUNTIMEENV_URL=url,
+        JUPYTER_RUNTIMEENV_TOKEN=token,
+        JUPYTER_RUNTIMEENV_KERNEL_ID=str(uuid.uuid4()),
+    )
+    manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=600)
+    try:
+        ready.wait(900)  # every kernel up: they declare and submit at once
+        msg_id = client.execute(KERNEL_CODE.format(i=i))
+        while True:
+            reply = client.get_shell_msg(timeout=900)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        if reply["content"]["status"] != "ok":
+            errors.append(f"kernel {i}: {reply['content'].get('evalue')}")
+    except Exception as exc:  # reported, not raised in a thread
+        errors.append(f"kernel {i}: {exc!r}")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
+    rows = []
+    for n in sizes:
+        root = tmp / f"kernels-{n}"
+        root.mkdir()
+        port, token = free_port(), secrets.token_hex(16)
+        server = start_server(root, root, port, token)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            wait_until_up(server, conn, f"{API}/status", token)
+            idle = rss_mb([server.pid])
+            url = f"http://127.0.0.1:{port}{API}/"
+            errors: list[str] = []
+            ready = threading.Barrier(n + 1)
+            threads = [
+                threading.Thread(target=_kernel_work, args=(url, token, i, errors, ready))
+                for i in range(n)
+            ]
+            for thread in threads:
+                thread.start()
+            ready.wait(900)
+            latencies: list[float] = []
+            peak = idle
+            while any(thread.is_alive() for thread in threads):
+                latencies += _latencies(conn, f"{API}/status", token, 5)
+                peak = max(peak, rss_mb([server.pid]))
+            for thread in threads:
+                thread.join()
+            conn.close()
+            if errors:
+                raise SystemExit("; ".join(errors))
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+            for pid in descendants():  # nothing of a kernel stays behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        rows.append(
+            {
+                "n": n,
+                "requests": len(latencies),
+                "per_request_p50_s": statistics.median(latencies),
+                "per_request_p99_s": _p(latencies, 0.99),
+                "agent_rss_mb": peak,
+                "per_kernel_rss_mb": (peak - idle) / n,
+            }
+        )
+        progress(
+            f"scaling kernels {n}: server p99 {_p(latencies, 0.99) * 1000:.1f} ms, "
+            f"RSS +{peak - idle:.1f} MB"
+        )
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+CURVES = {
+    "tasks": tasks_curve,
+    "files": files_curve,
+    "envs": envs_curve,
+    "kernels": kernels_curve,
+}
+
+
+def run(tmp: Path, quick: bool, only: list[str] | None = None) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
+    for name, curve in CURVES.items():
+        if only and name not in only:
+            continue
+        sizes = SIZES[name][:-1] if quick else SIZES[name]
+        progress(f"scaling {name}: n = {', '.join(f'{n:,}' for n in sizes)}")
+        out[name] = curve(tmp, sizes)
+    return out
+
+
+def growth(rows: list[Row]) -> dict[str, float]:
+    """Each ``per_*`` measure at the largest n over the smallest (flat: 1)."""
+    if len(rows) < 2:
+        return {}
+    first, last = rows[0], rows[-1]
+    return {
+        key: last[key] / first[key]
+        for key in first
+        if key.startswith("per_") and first[key] and last.get(key) is not None
+    }
+
+
+def _fmt(key: str, value: float) -> str:
+    if key.endswith("_bytes"):
+        return f"{value:,.0f} B"
+    if key.endswith("_mb"):
+        return f"{value:.1f} MB"
+    if key.endswith("_s"):
+        if value < 1e-3:
+            return f"{value * 1e6:.1f} µs"
+        return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:,.0f}"
+
+
+def table(scaling: dict[str, list[Row]]) -> str:
+    lines = ["| curve | measure | values by n | largest / smallest (target ≤ 1.5x) |"]
+    lines.append("|---|---|---|---|")
+    for name, rows in scaling.items():
+        ratios = growth(rows)
+        for key in [k for k in rows[0] if k.startswith("per_")]:
+            values = ", ".join(f"{row['n']:,}: {_fmt(key, row[key])}" for row in rows)
+            ratio = ratios.get(key)
+            verdict = "—"
+            if ratio is not None:
+                verdict = f"{ratio:.2f}x " + ("met" if ratio <= TARGET else "**missed**")
+            lines.append(f"| {name} | {key} | {values} | {verdict} |")
+    return "\n".join(lines)
+
+
+def chart(scaling: dict[str, list[Row]], path: Path, title: str) -> None:
+    """One log-log panel per curve, a line per ``per_*`` measure (normalised to its value
+    at the smallest n, so flat is a horizontal line at 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(scaling)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        rows = scaling[name]
+        ns = [row["n"] for row in rows]
+        for key in [k for k in rows[0] if k.startswith("per_")]:
+            base = rows[0][key] or 1
+            ax.plot(ns, [row[key] / base for row in rows], marker="o", label=key)
+        ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1, label="target 1.5x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("n")
+        ax.set_ylabel("per unit, / smallest n")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def dump(scaling: dict[str, list[Row]]) -> str:
+    return json.dumps(scaling, indent=1)
