@@ -12,7 +12,6 @@ its first task (``restage``), from its peers.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -71,7 +70,6 @@ class Staging:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="jupyter-runtimeenv-dask-stage"
         )
-        self._paths_memo: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._plugin_lock = threading.Lock()
         self._plugin_registered = False
 
@@ -86,13 +84,9 @@ class Staging:
     # -- environments ---------------------------------------------------------------------
 
     def key_of(self, spec: RuntimeEnvSpec) -> EnvKey:
-        paths = None
-        if spec.driver_sys_path is True:
-            raw = resolve_driver_sys_path()  # memoised: the common case is one compare
-            memo = self._paths_memo
-            if memo is None or memo[0] is not raw:
-                memo = self._paths_memo = (raw, tuple(p for p in raw if not _in_dask_scratch(p)))
-            paths = memo[1]
+        # The driver's sys.path as resolve_for_driver sends it (Dask's scratch space left
+        # out), so the env's id is the one the notebook and the sidebar know; memoised.
+        paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
         return (spec.env_id, paths)
 
     def env_for(self, declared: RuntimeEnvSpec) -> StagedEnv:
@@ -199,15 +193,3 @@ class Staging:
                     self.stage_nodes, env, env.prepared.result(), [node]
                 )
         job.add_done_callback(lambda _j: then())
-
-
-def _in_dask_scratch(path: str) -> bool:
-    """Whether ``path`` is Dask's own scratch space (an in-process scheduler or worker puts
-    its directory on ``sys.path`` for uploaded files): never shipped."""
-    import tempfile
-
-    import dask.config
-
-    root = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
-    scratch = os.path.join(os.path.abspath(root), "dask-scratch-space")
-    return path == scratch or path.startswith(scratch + os.sep)

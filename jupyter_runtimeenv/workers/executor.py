@@ -305,6 +305,9 @@ def resolve_for_driver(spec: RuntimeEnvSpec, paths: Sequence[str] | None = None)
 
 
 _memo: tuple[tuple[str, ...], str | None, tuple[str, ...]] | None = None
+#: The directory Dask keeps its workers' and scheduler's files in, wherever its
+#: ``temporary-directory`` puts it.
+_DASK_SCRATCH = "dask-scratch-space"
 _memo_lock = threading.Lock()
 
 
@@ -312,7 +315,10 @@ def resolve_driver_sys_path(path: Sequence[str] | None = None) -> tuple[str, ...
     """The driver's ``sys.path`` entries a worker should put first, in the driver's order.
 
     Relative entries (``""`` is the cwd) become absolute; the driver interpreter's own
-    stdlib and site-packages are left out. Memoised: the common case costs a tuple compare.
+    stdlib and site-packages are left out, and so is Dask's scratch space (an in-process
+    scheduler or worker, as a ``LocalCluster`` has, puts its directory there for files
+    uploaded to it: not the user's code, and it differs per cluster, so the env's id would
+    too). Memoised: the common case costs a tuple compare.
     """
     global _memo
     snapshot = tuple(sys.path if path is None else path)
@@ -325,7 +331,12 @@ def resolve_driver_sys_path(path: Sequence[str] | None = None) -> tuple[str, ...
     result: list[str] = []
     for entry in snapshot:
         absolute = os.path.normpath(os.path.join(cwd or "", entry)) if entry else (cwd or "")
-        if absolute and absolute not in excluded and absolute not in result:
+        if (
+            absolute
+            and absolute not in excluded
+            and absolute not in result
+            and _DASK_SCRATCH not in absolute.split(os.sep)
+        ):
             result.append(absolute)
     with _memo_lock:
         _memo = (snapshot, cwd, tuple(result))

@@ -25,6 +25,7 @@ import jupyter_runtimeenv as jre
 from jupyter_runtimeenv import api, session
 from jupyter_runtimeenv.ipython.cluster_build import ClusterBuildWidget, NodeRows
 from jupyter_runtimeenv.ipython.magics import RuntimeEnvMagics
+from jupyter_runtimeenv.workers.executor import resolve_for_driver
 from tests.dask.helpers import node_pids
 
 PLUGIN = "tests.dask._node_plugins.FailOnNode"
@@ -214,3 +215,30 @@ def test_a_failing_node_in_the_widget_shows_its_step_and_tail(on_cluster: Any) -
         assert "this node says no" in widget.failures.value
     finally:
         widget.close()
+
+
+def test_the_summary_the_report_and_the_declared_env_name_one_id(
+    shell: InteractiveShell,
+    on_cluster: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # An in-process scheduler (a LocalCluster's) puts Dask's scratch space on sys.path: it
+    # is not shipped, and the env's id is the same with or without it.
+    scratch = tmp_path / "dask-scratch-space" / "scheduler-x"
+    scratch.mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(scratch))
+    shell.run_line_magic("runtime_env", "--env-var SAME=1 --no-widget")
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    declared = api.default_runtime_env()
+    assert declared is not None
+    env_id = resolve_for_driver(declared).env_id
+    assert str(scratch) not in (resolve_for_driver(declared).driver_sys_path or [])
+    assert summary.startswith(f"runtime env {env_id[:12]} ready on 2/2 nodes"), summary
+    monkeypatch.syspath_prepend(str(tmp_path))  # sys.path changes: the id follows it
+    assert resolve_for_driver(declared).env_id != env_id
+    monkeypatch.undo()
+    report = on_cluster.cluster_report()
+    ids = {env["driver_env_id"] for node in report["nodes"] for env in node["envs"]}
+    assert env_id in ids, (env_id, report)
