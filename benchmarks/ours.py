@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import bench_kernel_env
 import bench_server_loop
 import bench_w10
 import cloudpickle
@@ -370,7 +371,16 @@ class Ours:
             self.results[f"W10 {label}"] = stats(data[label])
             self.floors[f"W10 {label}"] = stats(data[f"{label} floor"])
 
+    def k1(self) -> None:
+        """The first ``%runtime_env`` of a cached env in a fresh kernel (issue 19 item 5)."""
+        progress("ours K1")
+        data = bench_kernel_env.run(self.tmp / "k1", self.reps["start"])
+        for key, who in (("K1", "server"), ("K1 embedded", "embedded")):
+            self.results[key] = stats(data[f"{who} runtime_env"])
+            self.floors[key] = stats(data[f"{who} empty cell"])
+            self.results[f"{key} load_ext"] = stats(data[f"{who} load_ext"])
+
     def run(self) -> None:
-        for step in (self.w1, self.w4, self.w5, self.w6_w8, self.w10, self.s1_m1):
+        for step in (self.w1, self.w4, self.w5, self.w6_w8, self.w10, self.k1, self.s1_m1):
             step()
         shutil.rmtree(self.tmp / "cp", ignore_errors=True)

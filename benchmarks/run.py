@@ -57,7 +57,10 @@ REPS = {
 #: install): fewer runs keep the whole within 15 minutes on 2 cores.
 PEER_CAPS = {"pip": 1, "numpy": 1, "w3": 1, "wd": 3, "start": 2, "w8": 1}
 #: Variants of a workload that only this project has (its early start, the fork prototype).
-OURS_ONLY = {"W2b cold", "W6 cold", "W6 at once", "W6 fork", "W10 numpy", "W10 pandas"}
+OURS_ONLY = {
+    "W2b cold", "W6 cold", "W6 at once", "W6 fork", "W10 numpy", "W10 pandas",
+    "K1", "K1 load_ext", "K1 embedded", "K1 embedded load_ext",
+}  # fmt: skip
 TARGETS_5X = {"W1 cold", "W1 warm", "W2b", "W3", "W5 first", "W5 unchanged", "W5 one byte", "W8"}
 
 START = "python start + import cloudpickle"
@@ -119,6 +122,20 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
         "memcpy of the same bytes",
         ("x", 3.0),
     ),
+    (
+        "K1",
+        "K1 cached env, first %runtime_env in a fresh kernel of a server",
+        "an empty cell in the same kernel",
+        ("s", 0.150),
+    ),
+    ("K1 load_ext", "K1 %load_ext jupyter_runtimeenv in that kernel", "", None),
+    (
+        "K1 embedded",
+        "K1 the same, no server (the agent embedded in the kernel)",
+        "an empty cell in the same kernel",
+        None,
+    ),
+    ("K1 embedded load_ext", "K1 %load_ext, no server", "", None),
     ("S1", "S1 server p99 latency while four envs build", "", ("s", 0.020)),
     (
         "M1 agent idle",
