@@ -79,6 +79,11 @@ def _pool(pool: Any, where: str) -> dict[str, Any]:
         if rss is not None and (not isinstance(rss, int) or isinstance(rss, bool) or rss < 0):
             raise ReportError(f"{where}.workers[{j}].rss: expected a byte count or null")
         item["rss"] = rss
+        # What the worker is kept for (a %%remote namespace, issue 20 item 4), or null.
+        sticky = worker.get("sticky")
+        if sticky is not None and not isinstance(sticky, str):
+            raise ReportError(f"{where}.workers[{j}].sticky: expected a string or null")
+        item["sticky"] = sticky[:200] if sticky is not None else None
         clean.append(item)
     return {
         "env_id": env_id,

@@ -35,6 +35,7 @@ def test_holders_are_named_as_users_know_them() -> None:
         ({"pools": [{"env_id": "e", "workers": [{"pid": True}]}]}, "pools[0].workers[0].pid"),
         ({"pools": [{"env_id": "e", "workers": [{"pid": 1}]}]}, "expected a process id"),
         ({"pools": [{"env_id": "e", "workers": [{"pid": 9, "rss": -1}]}]}, ".rss: expected"),
+        ({"pools": [{"env_id": "e", "workers": [{"pid": 9, "sticky": 3}]}]}, ".sticky: expected"),
         ({"runtime_env": []}, "runtime_env: expected a JSON object or null"),
     ],
 )

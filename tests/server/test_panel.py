@@ -155,6 +155,35 @@ async def next_report(queue: asyncio.Queue[dict[str, Any]], predicate: Any) -> d
     return await asyncio.wait_for(wait(), 60)
 
 
+async def test_the_worker_of_a_remote_namespace_is_reported_as_kept_for_it(
+    jp_fetch: Any, jp_serverapp: Any
+) -> None:
+    """The sidebar's data names the worker a notebook's %%remote namespace lives in (issue 20
+    item 4)."""
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def listener(logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        events.put_nowait(data)
+
+    jp_serverapp.event_logger.add_listener(schema_id=WORKERS_SCHEMA_ID, listener=listener)
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    cell = "%load_ext jupyter_runtimeenv\n"
+    await run(jp_serverapp, kernel_id, cell)
+    cell = "%%remote\nimport os\nprint(os.getpid())"
+    sticky_pid = int((await run(jp_serverapp, kernel_id, cell)).split()[-1])
+
+    def workers(event: dict[str, Any]) -> dict[int, Any]:
+        return {w["pid"]: w["sticky"] for p in event.get("pools", []) for w in p["workers"]}
+
+    label = "%%remote namespace of the default env"
+    event = await next_report(events, lambda e: workers(e).get(sticky_pid) == label)
+    kept = workers(event)
+    overview = await call(jp_fetch, "GET", "overview")
+    (kernel,) = overview["kernels"]
+    reported = {w["pid"]: w["sticky"] for p in kernel["pools"] for w in p["workers"]}
+    assert reported[sticky_pid] == kept[sticky_pid]
+
+
 async def test_a_kernels_workers_are_reported_stopped_and_dropped_with_the_kernel(
     jp_fetch: Any, jp_serverapp: Any
 ) -> None:
