@@ -11,7 +11,7 @@ also say it itself with ``{"packages": [...], "install_options": ["--no-index",
 Packages (import name = project name, each module has ``__version__`` and a console
 script ``<name>-cli`` printing it):
 
-- ``alpha`` 1.0 and 2.0;
+- ``alpha`` 1.0 and 2.0 (2.0 adds a class ``Model``);
 - ``beta`` 1.0, requires ``alpha>=2``; ``gamma`` 1.0, requires ``alpha<2`` (so ``beta`` with
   ``gamma`` is a resolver conflict); ``delta`` 1.0, requires ``beta``;
 - ``cloudpickle`` 0.5.0 and ``picklebreaker`` 1.0, requiring ``cloudpickle<1`` (a
@@ -58,6 +58,8 @@ def build_wheel(directory: Path, name: str, version: str, requires: list[str]) -
         f"Requires-Dist: {r}\n" for r in requires
     )
     module = f"__version__ = {version!r}\n\ndef main():\n    print(__version__)\n"
+    if (name, version) == ("alpha", "2.0"):  # new in 2.0: its pickles do not load in 1.0
+        module += "\n\nclass Model:\n    pass\n"
     files = {
         f"{name}/__init__.py": module.encode(),
         f"{dist_info}/entry_points.txt": f"[console_scripts]\n{name}-cli = {name}:main\n".encode(),

@@ -170,7 +170,14 @@ def publish_display_data(
     transient: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    data = {mime: value for mime, value in data.items() if mime != _WIDGET_VIEW}
+    if _WIDGET_VIEW in data:
+        # Its model would live in this worker, out of the frontend's reach (no comm).
+        data = {mime: value for mime, value in data.items() if mime != _WIDGET_VIEW}
+        print(
+            "%%remote: a widget cannot be live in a %%remote cell (its model would be in the"
+            " worker): its text is shown; run this cell without %%remote to use it",
+            file=sys.stderr,
+        )
     _emit(
         {
             "op": "display",

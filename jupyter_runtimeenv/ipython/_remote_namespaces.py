@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import itertools
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -173,7 +174,10 @@ def track_local_cell(result: Any) -> None:
     if not _spaces:
         return
     info = getattr(result, "info", None)
-    source = getattr(info, "transformed_cell", None) or getattr(info, "raw_cell", None)
+    raw = getattr(info, "raw_cell", None) or ""
+    if not raw.lstrip().startswith("%%remote"):
+        _hint_remote_name(getattr(result, "error_in_exec", None))
+    source = getattr(info, "transformed_cell", None) or raw
     if not source:
         return
     try:
@@ -183,3 +187,20 @@ def track_local_cell(result: Any) -> None:
     for space in namespaces():
         for name in changed:
             space.remote_owned.pop(name, None)
+
+
+def _hint_remote_name(error: object) -> None:
+    """A notebook cell's NameError for a name that a remote namespace holds: one line saying
+    where it is and the two ways to reach it (the traceback is IPython's, just above)."""
+    name = getattr(error, "name", None) if isinstance(error, NameError) else None
+    if not isinstance(name, str):
+        return
+    for space in namespaces():
+        if name in space.names:
+            print(
+                f"%%remote: {name!r} is in the remote namespace of {space.label}, not in the"
+                f" notebook: run this cell with %%remote, or add --out {name} to the %%remote"
+                " cell that makes it",
+                file=sys.stderr,
+            )
+            return

@@ -74,8 +74,15 @@ def test_display_ids_update_in_place(shell: InteractiveShell) -> None:
 
 def test_a_widget_view_is_dropped(shell: InteractiveShell) -> None:
     pytest.importorskip("ipywidgets")
-    _, shown = outputs(shell, "%%remote\nimport ipywidgets\ndisplay(ipywidgets.IntSlider(3))")
-    assert mimes(shown) == [["text/plain"]]
+    with capture_output() as captured:
+        source = "%%remote\nimport ipywidgets\ndisplay(ipywidgets.IntSlider(3))"
+        result = shell.run_cell(source, store_history=True)
+    assert result.success, result.error_in_exec
+    assert [sorted(o.data) for o in captured.outputs] == [["text/plain"]]
+    assert captured.stderr.strip() == (
+        "%%remote: a widget cannot be live in a %%remote cell (its model would be in the"
+        " worker): its text is shown; run this cell without %%remote to use it"
+    )
 
 
 def png_size(data: str) -> tuple[int, int]:

@@ -11,8 +11,10 @@ magics run in the worker or are refused naming them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,9 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from processes import wait_gone
+from wheelhouse import offline_installers
+
+from jupyter_runtimeenv.plugins._uv import uv_bin
 
 
 def run(shell: InteractiveShell, source: str) -> Any:
@@ -53,6 +58,24 @@ def test_names_and_imports_stay_for_the_next_cell(
     assert "the default env (env " in listing
     assert f"worker pid {first}, 3 cell(s)" in listing
     assert "math, os, radius" in listing
+
+
+def test_a_notebook_cell_reading_a_remote_name_is_told_where_it_is(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "%%remote\nremote_total = 41")
+    capsys.readouterr()
+    result = run(shell, "remote_total + 1")
+    assert isinstance(result.error_in_exec, NameError)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "%%remote: 'remote_total' is in the remote namespace of the default env, not in the"
+        " notebook: run this cell with %%remote, or add --out remote_total to the %%remote"
+        " cell that makes it"
+    )
+    result = run(shell, "held_by_no_namespace + 1")  # IPython's NameError alone
+    assert isinstance(result.error_in_exec, NameError)
+    assert "%%remote" not in capsys.readouterr().err
+    assert shown(run(shell, "%%remote\nremote_total + 1")) == "42"
 
 
 def test_the_newest_binding_wins(shell: InteractiveShell) -> None:
@@ -125,6 +148,42 @@ def test_a_value_the_kernel_cannot_load_stays_remote(
     assert shell.user_ns["count"] == 3  # the other names are assigned
     assert "model" not in shell.user_ns
     assert shown(run(shell, f"%%remote --runtime-env '{spec}'\nmodel.score()")) == "0.75"
+
+
+def test_a_value_whose_package_differs_names_both_versions(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    wheelhouse: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel (this process) has alpha 1.0, from a sys.path entry of its own; the env has
+    # alpha 2.0 (whose Model 1.0 lacks), and its worker does not see the kernel's sys.path.
+    offline_installers(monkeypatch, wheelhouse)
+    site = tmp_path / "kernel-site"
+    subprocess.run(
+        [
+            *(uv_bin(), "pip", "install", "-q", "--target", str(site), "alpha==1.0"),
+            *("--no-index", "--find-links", str(wheelhouse), "--no-config"),
+        ],
+        check=True,
+    )
+    monkeypatch.syspath_prepend(str(site))
+    spec = json.dumps({"pip": ["alpha==2.0"], "driver_sys_path": False})
+    run(
+        shell,
+        f"%%remote --runtime-env '{spec}' --out model,count\n"
+        "import alpha\nmodel = alpha.Model()\ncount = 2",
+    )
+    line = one_error_line(capsys)
+    assert line.startswith("UsageError: remote: --out model: AttributeError: "), line
+    assert line.endswith(
+        "; alpha 2.0 in the env, 1.0 here (it stays in the remote namespace: use it in the"
+        " next %%remote cell)"
+    ), line
+    assert shell.user_ns["count"] == 2
+    run(shell, f"%%remote --runtime-env '{spec}'\nprint(type(model).__name__, alpha.__version__)")
+    assert capsys.readouterr().out == "Model 2.0\n"
 
 
 def test_query_strings_send_their_at_names(shell: InteractiveShell) -> None:

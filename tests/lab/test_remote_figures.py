@@ -2,9 +2,11 @@
 draws on fresh axes (issue 20 items 1, 2), in headless Chromium.
 
 The first cell draws orange bars and leaves the figure open (no ``plt.show()``: shown after
-the cell, as the inline backend shows it); the second draws a blue line. In the browser, each
-output must hold a rendered image; the pixels of the second must have no orange (the bars did
-not leak into its axes) and those of the first must. The kernel never imports matplotlib.
+the cell, as the inline backend shows it); the second draws a blue line with a bare
+``plt.plot`` (on pyplot's current figure: the bars' own, had the first cell's figure stayed
+open). In the browser, each output must hold a rendered image; the pixels of the second must
+have no orange (the bars did not leak into its axes) and those of the first must. The kernel
+never imports matplotlib.
 Screenshot: ``tests/lab/screenshots/remote-figures-*.png``.
 """
 
@@ -25,8 +27,8 @@ CELLS = [
     "plt.figure(figsize=(4, 3))\n"
     "plt.bar([1, 2, 3], [3, 1, 2], color='#ff7f0e')\n"
     "plt.title('remote bars')",
+    # no plt.figure(): pyplot draws on the current figure, the previous cell's if it leaked
     "%%remote\n"
-    "plt.figure(figsize=(4, 3))\n"
     "plt.plot([0, 1, 2], [0, 1, 4], color='#1f77b4', linewidth=4)\n"
     "plt.title('remote line');\n"
     "print(len(plt.gca().patches), 'bars on the new axes')",
