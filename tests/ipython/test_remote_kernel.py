@@ -5,7 +5,6 @@ cell's worker and gives the kernel back, and the build widget's model reaches th
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -14,26 +13,17 @@ from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+from kernel_process import running_kernel
 from processes import alive
 
 
 @pytest.fixture
 def kernel(tmp_path: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
-    # No kernel dirs: "python3" is ipykernel's native spec, this very interpreter.
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    km.start_kernel(
-        cwd=str(tmp_path), env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
-    )
-    client = km.blocking_client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    # "python3" is ipykernel's native spec, this very interpreter.
+    cache = {"JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    with running_kernel(tmp_path, cache) as (km, client):
         yield km, client
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def execute(

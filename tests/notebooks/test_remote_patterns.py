@@ -22,8 +22,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
+from kernel_process import kernel_manager
 from nbclient import NotebookClient
 
 #: A cell: (code, how it runs in the remote version: None = as is, else the %%remote flags).
@@ -366,11 +365,15 @@ def notebook(cells: list[Cell], remote: bool) -> nbformat.NotebookNode:
 
 
 def execute(nb: nbformat.NotebookNode, folder: Path, cache: Path) -> nbformat.NotebookNode:
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    client = NotebookClient(
-        nb, km=km, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-    )
-    client.execute(env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(cache)})
+    with kernel_manager() as km:
+        client = NotebookClient(
+            nb,
+            km=km,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(folder)}},
+        )
+        client.execute(env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(cache)})
     return nb
 
 
