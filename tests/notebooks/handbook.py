@@ -1,0 +1,150 @@
+"""Run real notebooks of the Python Data Science Handbook local and moved to ``%%remote``.
+
+Not a test (it needs a clone of https://github.com/jakevdp/PythonDataScienceHandbook and
+an index for ``--pip``): the check behind issue 20, repeatable by hand. Each notebook's code
+cells run in a real kernel (nbclient) three times: twice as they are (cells whose outputs
+differ between those two runs draw random numbers: compared by output kinds only), then
+adapted as a new user would adapt them: ``%load_ext jupyter_runtimeenv`` and one
+``%runtime_env --pip <its imports> --working-dir .`` first, and every cell (``--mode
+remote``) or every other cell (``--mode mixed``) prefixed with ``%%remote``. Prints each cell
+whose outputs differ and a count per notebook.
+
+Adaptations made to both versions alike: the titanic half of the pivot-table notebook is
+left out (``sns.load_dataset`` downloads it), and ``plt.style.use('seaborn-whitegrid')``
+reads ``'seaborn-v0_8-whitegrid'`` (the name matplotlib >= 3.6 knows). The local runs import
+seaborn from ``--seaborn DIR`` (``pip install --target DIR --no-deps seaborn``) when the
+kernel lacks it; the remote run's kernel does not get it (the env has it).
+
+    python tests/notebooks/handbook.py CLONE [--mode remote|mixed] [--seaborn DIR] [NAME...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_remote_patterns import normalized
+
+#: notebook -> what its %runtime_env installs (its imports)
+NOTEBOOKS = {
+    "05.08-Random-Forests": "numpy matplotlib scikit-learn seaborn ipywidgets",
+    "05.03-Hyperparameters-and-Model-Validation": "numpy matplotlib scikit-learn",
+    "03.09-Pivot-Tables": "numpy pandas matplotlib",
+    "05.11-K-Means": "numpy matplotlib scikit-learn scipy seaborn pillow",
+}
+FILES = ["data/births.csv", "helpers_05_08.py"]
+_SITE = re.compile(r"\S*/site-packages/")
+
+
+def code_cells(clone: Path, name: str) -> list[str]:
+    cells = []
+    notebook = json.loads((clone / "notebooks" / f"{name}.ipynb").read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        source = source.replace("'seaborn-whitegrid'", "'seaborn-v0_8-whitegrid'")
+        if "sns.load_dataset('titanic')" in source:
+            source = "import numpy as np\nimport pandas as pd"
+        elif "titanic" in source:
+            continue
+        if any(line.strip() and not line.startswith("#") for line in source.splitlines()):
+            cells.append(source)
+    return cells
+
+
+def adapted(cells: list[str], name: str, mode: str) -> nbformat.NotebookNode:
+    first = "pass"
+    if mode != "local":
+        pip = NOTEBOOKS[name]
+        first = f"%load_ext jupyter_runtimeenv\n%runtime_env --pip {pip} --working-dir ."
+    sources = [first]
+    for i, source in enumerate(cells):
+        remote = mode == "remote" or (mode == "mixed" and i % 2 == 1)
+        sources.append("%%remote\n" + source if remote else source)
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+
+
+def execute(
+    clone: Path, nb: nbformat.NotebookNode, folder: Path, pythonpath: str | None
+) -> list[list[tuple[Any, ...]]]:
+    folder.mkdir(parents=True)
+    for name in FILES:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(clone / "notebooks" / name, folder / name)
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    client = NotebookClient(
+        nb, km=km, timeout=1800, kernel_name="python3", allow_errors=True,
+        resources={"metadata": {"path": str(folder)}},
+    )  # fmt: skip
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    client.execute(env=env)
+    nbformat.write(nb, folder / "executed.ipynb")
+    cells = []
+    for cell in nb.cells[1:]:
+        shown: list[tuple[Any, ...]] = []
+        for output in map(normalized, cell.outputs):
+            if output[0] == "stream":  # a warning names the file: the env's copy remotely
+                output = (*output[:2], _SITE.sub("<site-packages>/", output[2]))
+            last = shown[-1] if shown else None
+            if output[0] == "stream" and last is not None and last[:2] == output[:2]:
+                shown[-1] = (*output[:2], last[2] + output[2])
+            else:
+                shown.append(output)
+        cells.append(shown)
+    return cells
+
+
+def kinds(outputs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [(o[0], sorted(o[1]) if isinstance(o[1], dict) else o[1]) for o in outputs]
+
+
+def check(clone: Path, name: str, mode: str, seaborn: str | None, root: Path) -> int:
+    cells = code_cells(clone, name)
+    local = execute(clone, adapted(cells, name, "local"), root / "local", seaborn)
+    again = execute(clone, adapted(cells, name, "local"), root / "again", seaborn)
+    pythonpath = seaborn if mode == "mixed" else None
+    moved = execute(clone, adapted(cells, name, mode), root / mode, pythonpath)
+    differ = 0
+    for i, (source, mine, twice, theirs) in enumerate(zip(cells, local, again, moved, strict=True)):
+        stable = mine == twice
+        if (mine == theirs) if stable else (kinds(mine) == kinds(theirs)):
+            continue
+        differ += 1
+        print(f"--- {name} cell {i + 1} ({'stable' if stable else 'random'}):\n{source[:300]}")
+        print("  local: ", repr(mine if stable else kinds(mine))[:800])
+        print("  remote:", repr(theirs if stable else kinds(theirs))[:800])
+    print(f"=== {name} [{mode}]: {differ} of {len(cells)} cells differ ({root})")
+    return differ
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("clone", type=Path)
+    parser.add_argument("names", nargs="*", default=list(NOTEBOOKS))
+    parser.add_argument("--mode", choices=["remote", "mixed"], default="remote")
+    parser.add_argument("--seaborn", help="a directory holding seaborn, for the local runs")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="handbook-"))
+    os.environ.setdefault("JUPYTER_RUNTIMEENV_CACHE", str(root / "cache"))
+    total = sum(check(args.clone, n, args.mode, args.seaborn, root / n) for n in args.names)
+    sys.exit(1 if total else 0)
+
+
+if __name__ == "__main__":
+    main()
