@@ -24,6 +24,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # Kernels and servers started by tests must not find a developer's running server.
     os.environ.pop("JUPYTER_RUNTIMEENV_URL", None)
     os.environ.pop("JUPYTER_RUNTIMEENV_TOKEN", None)
+    # distributed warns when making a worker's scratch directory takes over 1 s: a loaded
+    # machine, not a fault; as an error (pyproject's "error" filter) it failed a
+    # LocalCluster's start in CI at load 25. Appended, so it takes precedence.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:Creating scratch directories is taking a surprisingly long time:UserWarning",
+    )
 
 
 @pytest.fixture

@@ -6,14 +6,17 @@ browser, signals sent to the server. pytest-jupyter's in-process server serves t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,27 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def hangup_at_default() -> Iterator[None]:
+    """While a child starts, SIGHUP is at its default in this process: an ignored signal stays
+    ignored across exec, so under ``nohup`` (which ignores SIGHUP) the server would start
+    ignoring it and a test of what a hangup does would wait for nothing. The server itself
+    rightly leaves an ignored SIGHUP alone (someone chose it)."""
+    hup = getattr(signal, "SIGHUP", None)
+    if (
+        hup is None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(hup) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    previous = signal.signal(hup, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(hup, previous)
 
 
 class JupyterProcess:
@@ -50,9 +74,10 @@ class JupyterProcess:
             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}", *args,
         ]  # fmt: skip
         self.log = log.open("wb")
-        self.proc = subprocess.Popen(
-            argv, env=dict(env), cwd=root, stdout=self.log, stderr=subprocess.STDOUT
-        )
+        with hangup_at_default():
+            self.proc = subprocess.Popen(
+                argv, env=dict(env), cwd=root, stdout=self.log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + startup_timeout
         while True:
             try:
