@@ -95,8 +95,8 @@ class PluginNotFound(SpecError):
 class BuildError(RuntimeEnvError):
     """Building an environment failed.
 
-    Carries the env id, the step that failed (a plugin name and URI), the tail of that
-    step's output and the path of the full log.
+    Carries the env id, the step that failed (a plugin name and URI) and its label as users
+    read it (``pip: numpy==9.9``), the tail of that step's output and the path of the full log.
     """
 
     def __init__(
@@ -107,18 +107,25 @@ class BuildError(RuntimeEnvError):
         step: str = "",
         output_tail: Sequence[str] = (),
         log_path: str = "",
+        label: str = "",
     ) -> None:
         self.message = message
         self.env_id = env_id
         self.step = step
+        self.label = label
         self.output_tail = list(output_tail)
         self.log_path = log_path
         super().__init__(message)
 
+    @property
+    def where(self) -> str:
+        """The failed step as users read it: its label, else the step."""
+        return self.label or self.step
+
     def __str__(self) -> str:
         lines = [self.message]
-        if self.step:
-            lines[0] = f"{self.step}: {self.message}"
+        if self.where:
+            lines[0] = f"{self.where}: {self.message}"
         if self.output_tail:
             lines.append("--- last lines of output ---")
             lines.extend(self.output_tail)
@@ -132,6 +139,7 @@ class BuildError(RuntimeEnvError):
             "message": self.message,
             "env_id": self.env_id,
             "step": self.step,
+            "label": self.label,
             "output_tail": self.output_tail,
             "log_path": self.log_path,
         }
@@ -145,6 +153,7 @@ class BuildError(RuntimeEnvError):
             step=str(data.get("step", "")),
             output_tail=list(data.get("output_tail", [])),
             log_path=str(data.get("log_path", "")),
+            label=str(data.get("label", "")),
         )
 
     def __reduce__(self) -> tuple[Any, ...]:

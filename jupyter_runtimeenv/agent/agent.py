@@ -296,6 +296,8 @@ class RuntimeEnvAgent:
                 out[env["env_id"]] = {**env, "state": EnvState.READY.value, "error": None}
             else:
                 known["holders"] = sorted({*known["holders"], *env["holders"]})
+                # Uses (declares, tasks) are recorded in the index, not in the record.
+                known["last_used"] = env.get("last_used")
         ordered = sorted(out.values(), key=lambda e: (e.get("created", 0), e["env_id"]))
         return ordered[offset:end], len(ordered) if total is None else total
 
@@ -343,6 +345,7 @@ class RuntimeEnvAgent:
             env = record.to_json()
             if stored is not None:
                 env["holders"] = sorted({*env["holders"], *stored["holders"]})
+                env["last_used"] = stored.get("last_used")
             return env
         if stored is None:
             raise EnvNotFound(env_id)
@@ -465,6 +468,13 @@ class RuntimeEnvAgent:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(log.flush())
+            record = self._machine.get(env_id)
+            if record is not None and record.state is EnvState.FAILED:
+                # A holder of a failed env holds nothing (they ask again to retry): in the
+                # index too, or the env would look held and GC would never take it.
+                with contextlib.suppress(Exception):
+                    if await asyncio.shield(asyncio.to_thread(cache.drop_refs, env_id)):
+                        self._holders_changed(env_id)
             done = self._done.get(env_id)
             if done is not None and not done.done():
                 done.set_result(None)
@@ -526,13 +536,18 @@ class RuntimeEnvAgent:
         """One step of a build: the resource ``uri``, with step events around it."""
         env_id, name, uri = job.spec.env_id, job.name, job.uri
         step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
-        self._step(env_id, step, status="running", uri=uri, label=_label(job), started=time.time())
+        label = _label(job)
+        self._step(env_id, step, status="running", uri=uri, label=label, started=time.time())
         status = "cancelled"
         try:
             path, cached = await self._resources.need(job)
             status = "cached" if cached else "done"
             return path
         except asyncio.CancelledError:
+            raise
+        except BuildError as exc:
+            status = "failed"
+            exc.label = exc.label or label  # messages name the step as the widget does
             raise
         except BaseException:
             status = "failed"

@@ -662,6 +662,12 @@ class Cache:
             )
         return cursor.rowcount > 0
 
+    def drop_refs(self, env_id: str) -> bool:
+        """Drop every reference to ``env_id`` (its build failed); True if there were any."""
+        with self._tx() as db:
+            cursor = db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
+        return cursor.rowcount > 0
+
     def holders(self, env_id: str) -> list[str]:
         with self._lock:
             return sorted(

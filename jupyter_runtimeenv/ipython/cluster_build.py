@@ -339,7 +339,8 @@ def _quietly(call: Any) -> None:
 
 def _failed_line(failed: list[NodeBuild], name: str | None, total: int) -> str:
     """One line: the first failed node, its step and message, how many more failed."""
-    what = f"the env {name!r}" if name else "the default"
+    from .progress import kept
+
     row = failed[0]
     error = row.error or {}
     step = f" at step {row.step}" if row.step else ""
@@ -347,11 +348,8 @@ def _failed_line(failed: list[NodeBuild], name: str | None, total: int) -> str:
     # The node's own message repeats its address ("on Dask worker tcp://..."): say it once.
     message = message.replace(f"on Dask worker {row.address}: ", "")
     more = f"; {len(failed) - 1} more of {total} nodes failed" if len(failed) > 1 else ""
-    log = f"; log on that node: {error['log_path']}" if error.get("log_path") else ""
-    return (
-        f"runtime_env: build failed on {row.address}{step}: {message}"
-        f" ({what} was not changed{more}{log})"
-    )
+    log = f"; the log on that node: {error['log_path']}" if error.get("log_path") else ""
+    return f"runtime_env: build failed on {row.address}{step}: {message} ({kept(name)}{more}{log})"
 
 
 def cluster_states(executor: ClusterExecutor, spec: RuntimeEnvSpec) -> str:

@@ -443,12 +443,13 @@ def _named(name: str) -> RuntimeEnvSpec | None:
 def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
     """The ``UsageError`` of a failed build: the whole error when nothing showed its output,
     else one line (the widget or the streamed lines told the message already)."""
-    what = f"the env {name!r}" if name else "the default"
+    from .progress import kept
+
     if with_tail:
-        return f"runtime_env: build failed ({what} was not changed): {exc}"
-    where = f" at step {exc.step}" if exc.step else ""
-    log = f"; full log: {exc.log_path}" if exc.log_path else ""
-    return f"runtime_env: build failed{where} ({what} was not changed{log})"
+        return f"runtime_env: build failed ({kept(name)}): {exc}"
+    where = f" at {exc.where}" if exc.where else ""
+    log = f"; the whole log: {exc.log_path}" if exc.log_path else ""
+    return f"runtime_env: build failed{where}: {kept(name)}{log}"
 
 
 def _agent_states() -> dict[str, str]:
@@ -471,9 +472,12 @@ def _agent_states() -> dict[str, str]:
 def _show_widget(env_id: str) -> tuple[Any, Any]:
     import IPython.display
 
+    from ..client import EmbeddedClient, get_client
     from .widget import BuildStatusWidget
 
     widget = BuildStatusWidget(env_id)
+    # The server's agent builds it: the JupyterLab extension can open its log.
+    widget.view_log = not isinstance(get_client(), EmbeddedClient)
     display: Any = IPython.display.display  # untyped
     return widget, display(widget, display_id=True)
 

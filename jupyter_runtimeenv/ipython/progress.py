@@ -28,7 +28,7 @@ from ..context import EnvContext
 from ..errors import BuildError, RuntimeEnvError
 from ..spec import RuntimeEnvSpec
 
-__all__ = ["BuildSummary", "BuildView", "build_now", "format_event", "step_label"]
+__all__ = ["BuildSummary", "BuildView", "build_now", "format_event", "kept", "step_label"]
 
 #: How often the widget asks the server's agent for the build's state and log.
 POLL_SECONDS = 0.3
@@ -150,6 +150,13 @@ def _poller(client: AgentClient, env_id: str, widget: BuildView) -> Callable[[],
         widget.apply_status(env, text)
 
     return poll
+
+
+def kept(name: str | None) -> str:
+    """What a failed ``%runtime_env`` leaves, in the words of someone running a notebook."""
+    if name:
+        return f"the env {name!r} stays as it was"
+    return "this notebook keeps the environment it had"
 
 
 def format_event(event: Event) -> str | None:

@@ -20,6 +20,7 @@ theme's CSS variables, so dark themes read too.
 from __future__ import annotations
 
 import html
+import json
 import re
 import time
 from collections import deque
@@ -96,6 +97,10 @@ class BuildStatusWidget:
         self.error: dict[str, Any] | None = None
         #: The build went through BUILDING here (not served from a cache).
         self.built = False
+        #: Show "View log" (the JupyterLab extension's ``runtimeenv:view-log`` command): set
+        #: by the owner when the env is built by the Jupyter server's agent, whose log the
+        #: extension can read.
+        self.view_log = False
         self._started = time.monotonic()
         self._seconds: float | None = None
         self._pushed = 0.0
@@ -165,11 +170,13 @@ class BuildStatusWidget:
             return
         self._pushed = now
         color = _COLORS.get(self.state, "inherit")
-        step = html.escape(str((self.error or {}).get("step") or ""))
-        where = f" at step <code>{step}</code>" if step and self.state == "FAILED" else ""
+        error = self.error or {}
+        step = html.escape(str(error.get("label") or error.get("step") or ""))
+        where = f" at <code>{step}</code>" if step and self.state == "FAILED" else ""
         header = (
             f"<b>runtime env <code>{self.env_id[:12]}</code></b> &mdash; "
             f'<b style="color:{color}">{self.state}</b>{where} ({self.seconds:.1f} s)'
+            f"{self._log_link()}"
         )
         if self.header.value != header:
             self.header.value = header
@@ -182,6 +189,17 @@ class BuildStatusWidget:
             pre = f'<pre style="{_PRE_STYLE}">{html.escape(text)}</pre>'
             self.output.value = f'<div style="{_LOG_STYLE}">{pre}</div>'
             self.output.layout.display = None if text else "none"
+
+    def _log_link(self) -> str:
+        if not self.view_log:
+            return ""
+        # JupyterLab's command linker runs the command on a click anywhere in the page.
+        args = html.escape(json.dumps({"env_id": self.env_id}), quote=True)
+        return (
+            ' &middot; <a href="#" data-commandlinker-command="runtimeenv:view-log"'
+            f' data-commandlinker-args="{args}" title="Open the whole build log"'
+            ' style="color:var(--jp-content-link-color, #1976d2)">View log</a>'
+        )
 
     def _table_html(self) -> str:
         rows = []
@@ -228,7 +246,7 @@ class BuildStatusWidget:
                 out.append(line)
         out.extend(f"    {line}" for line in self.lines)
         if self.error:
-            step = self.error.get("step")
+            step = self.error.get("label") or self.error.get("step")
             message = self._unshown_message()
             out.append(
                 f"  failed{f' step {step}' if step else ''}{f': {message}' if message else ''}"

@@ -182,7 +182,9 @@ class RuntimeEnvExtension(ExtensionApp):
         logger.register_event_schema(KERNEL_SCHEMA_PATH)
         self.forwarder = EventForwarder(logger)
         self.kernel_reports = KernelReports(
-            lambda data: logger.emit(schema_id=WORKERS_SCHEMA_ID, data=data), self._kernel_pid
+            lambda data: logger.emit(schema_id=WORKERS_SCHEMA_ID, data=data),
+            self._kernel_pid,
+            self._envs_used,
         )
         self._unlisten = [
             self.agent.add_listener(self.forwarder),
@@ -296,6 +298,20 @@ class RuntimeEnvExtension(ExtensionApp):
         for state in self._states.values():
             counts[state] = counts.get(state, 0) + 1
         return counts
+
+    def _envs_used(self, env_ids: list[str]) -> None:
+        """Tasks ran in ``env_ids`` (a kernel's report says so): a use of each, for the
+        sidebar's "used N ago" and LRU eviction. Called by ``KernelReports`` on the loop."""
+        if self.agent is None or not self.agent_started:
+            return
+        agent = self.agent
+
+        async def touch() -> None:
+            for env_id in env_ids:
+                with contextlib.suppress(Exception):  # gone, or not this agent's env
+                    await agent.touch(env_id)
+
+        self.spawn(touch())
 
     def _holders_changed(self, env_id: str) -> None:
         """A reference was taken or dropped: tell the event stream's subscribers (the sidebar

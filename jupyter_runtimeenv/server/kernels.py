@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeEnvError
+from ..spec.ids import is_env_id
 
 WORKERS_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/workers/v1"
 WORKERS_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "workers" / "v1.yaml"
 
 MAX_POOLS = 64
 MAX_WORKERS_PER_POOL = 1024
+MAX_DECLARED = 64
+MAX_NAME = 200
 _WORKER_KEYS = {"pid": int, "busy": bool, "tasks_done": int, "tasks_failed": int}
 
 
@@ -50,7 +53,55 @@ def validate_report(data: Any) -> dict[str, Any]:
     cwd = data.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ReportError("cwd: expected a string")
-    return {"pools": clean_pools, "runtime_env": runtime_env, "cwd": cwd}
+    return {
+        "pools": clean_pools,
+        "declared": _declared(data.get("declared")),
+        "runtime_env": runtime_env,
+        "cwd": cwd,
+    }
+
+
+def _declared(value: Any) -> list[dict[str, Any]]:
+    """The kernel's declared envs: ``[{"name": str | None, "env_id", "spec"}]``."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_DECLARED:
+        raise ReportError(f"declared: expected a list of at most {MAX_DECLARED} environments")
+    out = []
+    for i, entry in enumerate(value):
+        where = f"declared[{i}]"
+        if not isinstance(entry, dict):
+            raise ReportError(f"{where}: expected a JSON object")
+        name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME):
+            raise ReportError(f"{where}.name: expected a name of 1 to {MAX_NAME} characters")
+        env_id = entry.get("env_id")
+        if not isinstance(env_id, str) or not is_env_id(env_id):
+            raise ReportError(f"{where}.env_id: expected an env id (64 hex digits)")
+        spec = entry.get("spec")
+        if spec is not None and not isinstance(spec, dict):
+            raise ReportError(f"{where}.spec: expected a JSON object or null")
+        out.append({"name": name, "env_id": env_id, "spec": spec})
+    return out
+
+
+def _task(value: Any, where: str) -> dict[str, Any] | None:
+    """What a busy worker runs: ``{"name", "started"}`` (epoch seconds), or null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ReportError(f"{where}: expected a JSON object or null")
+    name, started = value.get("name"), value.get("started")
+    if not isinstance(name, str):
+        raise ReportError(f"{where}.name: expected a string")
+    if not isinstance(started, (int, float)) or isinstance(started, bool) or started < 0:
+        raise ReportError(f"{where}.started: expected epoch seconds")
+    return {"name": name[:MAX_NAME], "started": float(started)}
+
+
+def _number(value: Any) -> bool:
+    # bool is an int: true is not a number here; NaN and infinities never pass strict JSON.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _pool(pool: Any, where: str) -> dict[str, Any]:
@@ -84,6 +135,11 @@ def _pool(pool: Any, where: str) -> dict[str, Any]:
         if sticky is not None and not isinstance(sticky, str):
             raise ReportError(f"{where}.workers[{j}].sticky: expected a string or null")
         item["sticky"] = sticky[:200] if sticky is not None else None
+        item["task"] = _task(worker.get("task"), f"{where}.workers[{j}].task")
+        cpu = worker.get("cpu")
+        if cpu is not None and (not _number(cpu) or not 0 <= cpu <= 1e6):
+            raise ReportError(f"{where}.workers[{j}].cpu: expected a percentage or null")
+        item["cpu"] = None if cpu is None else round(float(cpu), 1)
         clean.append(item)
     return {
         "env_id": env_id,
@@ -107,9 +163,12 @@ class KernelReports:
         self,
         emit: Callable[[dict[str, Any]], object],
         kernel_pid: Callable[[str], int | None],
+        used: Callable[[list[str]], object] = lambda env_ids: None,
     ) -> None:
         self._emit = emit
         self._kernel_pid = kernel_pid
+        #: Called with the env ids a report shows tasks ran in since the last one: a use.
+        self._used = used
         self._reports: dict[str, dict[str, Any]] = {}
 
     def put(self, kernel_id: str, report: dict[str, Any]) -> None:
@@ -122,13 +181,28 @@ class KernelReports:
         old = self._reports.get(kernel_id)
         self._reports[kernel_id] = {"kernel_id": kernel_id, **report, "updated": time.time()}
         cluster = report.get("cluster")
-        if old is None or old["pools"] != report["pools"] or _moved(old.get("cluster"), cluster):
-            event = {"kind": "report", "kernel_id": kernel_id, "pools": report["pools"]}
+        declared = _names(report)
+        if (
+            old is None
+            or old["pools"] != report["pools"]
+            or _moved(old.get("cluster"), cluster)
+            or _names(old) != declared
+        ):
+            event = {
+                "kind": "report",
+                "kernel_id": kernel_id,
+                "pools": report["pools"],
+                "declared": declared,
+            }
             if cluster is not None:
                 event["cluster"] = cluster
             self._emit(event)
+        used = _envs_used(old["pools"] if old else [], report["pools"])
+        if used:
+            self._used(used)
 
     def get(self, kernel_id: str) -> dict[str, Any] | None:
+        """The kernel's last report (None if it has not reported)."""
         return self._reports.get(kernel_id)
 
     def all(self) -> list[dict[str, Any]]:
@@ -174,6 +248,28 @@ def _moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
     before = {k: v for k, v in (old or {}).items() if k not in strip} if old else None
     after = {k: v for k, v in (new or {}).items() if k not in strip} if new else None
     return before != after
+
+
+def _names(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The declared envs by name and id only (events never carry specs: env_vars values)."""
+    return [{"name": d["name"], "env_id": d["env_id"]} for d in report.get("declared", [])]
+
+
+def _envs_used(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:
+    """Env ids whose pools ran tasks between two reports (a worker ended more tasks than it
+    had, a new worker ended some, or one is running): a task run in an env is a use of it."""
+    before = {
+        (p["env_id"], w["pid"]): w["tasks_done"] + w["tasks_failed"]
+        for p in old
+        for w in p["workers"]
+    }
+    used = set()
+    for pool in new:
+        for worker in pool["workers"]:
+            ended = worker["tasks_done"] + worker["tasks_failed"]
+            if worker["busy"] or ended > before.get((pool["env_id"], worker["pid"]), 0):
+                used.add(pool["env_id"])
+    return sorted(used)
 
 
 def parent_pid(pid: int) -> int | None:

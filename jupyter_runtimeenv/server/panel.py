@@ -9,6 +9,7 @@
 | ``kernels/{kernel_id}/notebook_env`` | GET the kernel's declared env as notebook metadata |
 | ``kernels/{kernel_id}/workers/{pid}`` | DELETE: stop one reported worker |
 | ``notebook_env`` | POST a notebook's ``metadata.runtime_env``: the state of its env |
+| ``gc/unreferenced`` | GET the envs nobody holds and the bytes each frees; POST: remove them |
 
 Holders are named as a user knows them: ``kernel:<id>...`` becomes the notebook path of the
 kernel's session (or ``kernel <id8>``), ``cli`` becomes ``CLI``, the magic's and pools' holders
@@ -27,8 +28,9 @@ from typing import Any, Protocol
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..errors import EnvNotFound
+from ..errors import EnvInUse, EnvNotFound
 from ..notebook_meta import DRIVER_FIELDS, METADATA_VERSION, relative_spec
+from ..spec.ids import is_env_id
 from ..spec.paths import base_dir
 from .cluster_report import validate_full
 from .handlers import (
@@ -64,6 +66,8 @@ def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
             label += " (%runtime_env)"
         elif rest.startswith("name:"):
             label += f" ({rest[5:]})"
+        elif not rest:  # the provisioner's: the kernel runs in this env
+            label += " (kernel's env)"
         return {"id": holder, "label": label, "kind": "kernel", "kernel_id": kernel_id}
     if holder == "cli":
         return {"id": holder, "label": "CLI", "kind": "cli"}
@@ -365,7 +369,89 @@ class NotebookEnvHandler(PanelHandler):
         await self.reply({"state": state, "env_id": found["env_id"], "error": found.get("error")})
 
 
+_GC_STATES = ("READY", "FAILED")
+
+
+class UnreferencedHandler(PanelHandler):
+    """The sidebar's GC: every environment nobody holds, shown first, then removed."""
+
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def get(self) -> None:
+        """Envs nobody holds (READY or FAILED; building ones are held by their build), each
+        with the bytes its removal frees (resources no held env uses), and the total."""
+        agent = await self.agent()
+        envs, _total = await agent.summaries()
+        unheld = [e for e in envs if not e.get("holders") and e["state"] in _GC_STATES]
+        held = {e["env_id"] for e in envs if e.get("holders")}
+        freed = await asyncio.to_thread(
+            _freed_bytes, agent.cache, [e["env_id"] for e in unheld], held
+        )
+        out = [
+            {
+                "env_id": e["env_id"],
+                "state": e["state"],
+                "bytes": freed["per_env"].get(e["env_id"], 0),
+                "last_used": e.get("last_used") or e.get("updated"),
+                "fields": e.get("fields", []),
+            }
+            for e in sorted(unheld, key=lambda e: e.get("last_used") or 0)
+        ]
+        await self.reply({"envs": out, "bytes": freed["total"], "held": len(held)})
+
+    @web.authenticated
+    @authorized
+    @_handles_done
+    async def post(self) -> None:
+        """Remove the envs of ``{"env_ids": [...]}`` that nobody holds now; one taken since
+        the list was shown is kept. Answers ``{"removed", "kept", "freed_bytes"}``."""
+        data = await self.json_body()
+        ids = data.get("env_ids") if isinstance(data, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            self.fail(400, "ValueError", "env_ids: expected a list of env ids")
+            return
+        agent = await self.agent()
+        sizes = await asyncio.to_thread(
+            lambda: {r["uri"]: r["size"] or 0 for r in agent.cache.resources()}
+        )
+        removed: list[str] = []
+        kept: list[str] = []
+        freed = 0
+        for env_id in dict.fromkeys(ids):
+            if not is_env_id(env_id):
+                kept.append(env_id[:80])
+                continue
+            try:
+                env = await agent.env_status(env_id)
+                if env.get("holders") or env["state"] not in _GC_STATES:
+                    kept.append(env_id)
+                    continue
+                uris = await agent.remove(env_id)
+            except (EnvNotFound, EnvInUse):  # gone meanwhile, or taken meanwhile
+                kept.append(env_id)
+                continue
+            removed.append(env_id)
+            freed += sum(sizes.get(u, 0) for u in uris)
+        await self.reply({"removed": removed, "kept": kept, "freed_bytes": freed})
+
+
+def _freed_bytes(cache: Any, env_ids: list[str], held: set[str]) -> dict[str, Any]:
+    """Bytes removing ``env_ids`` frees: per env, and in all (each resource once); resources
+    a held env uses stay. Blocking (the index): a thread."""
+    sizes = {r["uri"]: r["size"] or 0 for r in cache.resources()}
+    kept = {u for env_id in held for u in cache.env_uris(env_id)}
+    per_env: dict[str, int] = {}
+    every: set[str] = set()
+    for env_id in env_ids:
+        uris = [u for u in cache.env_uris(env_id) if u not in kept]
+        per_env[env_id] = sum(sizes.get(u, 0) for u in uris)
+        every.update(uris)
+    return {"per_env": per_env, "total": sum(sizes.get(u, 0) for u in every)}
+
+
 panel_handlers = [
+    (rf"{API_PREFIX}/gc/unreferenced/?", UnreferencedHandler),
     (rf"{API_PREFIX}/overview/?", OverviewHandler),
     (rf"{API_PREFIX}/envs/(?P<env_id>[^/]+)/rebuild/?", RebuildHandler),
     (rf"{API_PREFIX}/kernels/?", KernelsHandler),

@@ -132,6 +132,9 @@ class Pool:
         self._bound: dict[WorkerProcess, str] = {}
         self._labels: dict[str, str] = {}
         self._releasing: set[WorkerProcess] = set()  # let go while busy: stop when done
+        # task id -> when it started running (epoch seconds; under ``_lock``): the sidebar
+        # shows what a busy worker runs and for how long.
+        self._since: dict[int, float] = {}
         _live_pools.add(self)
         _register_atexit()
         _notify()  # a new pool is a change the kernel's report shows
@@ -153,9 +156,11 @@ class Pool:
 
     def stats(self) -> dict[str, object]:
         """What the pool looks like now (for the kernel's report to the server): its env,
-        state and each started worker's pid, busy flag and tasks done/failed."""
+        state and each started worker's pid, busy flag, tasks done/failed and the call it
+        runs (``{"name", "started"}``: the oldest it holds, since it became the oldest)."""
         with self._counts_lock:
             counts = {pid: tuple(c) for pid, c in self._counts.items()}
+        now = time.time()
         with self._lock:
             workers = [
                 {
@@ -166,6 +171,12 @@ class Pool:
                     # what a kept worker is kept for (a %%remote namespace), else None
                     "sticky": self._labels.get(self._bound[w], self._bound[w])
                     if w in self._bound
+                    else None,
+                    "task": {
+                        "name": w.held[0].name,
+                        "started": self._since.get(w.held[0].call.task_id, now),
+                    }
+                    if w.held
                     else None,
                 }
                 for w in sorted(self._workers, key=lambda w: w.pid)
@@ -328,6 +339,9 @@ class Pool:
                     break
                 task = held.popleft()
                 done.append(task)
+                self._since.pop(task.call.task_id, None)
+                if held:  # the next call it holds runs now
+                    self._since[held[0].call.task_id] = time.time()
                 if duration is not None:
                     ok += 1
                     self.habits.timed(task.call.key, duration / 1e9)
@@ -351,6 +365,8 @@ class Pool:
             held, running = list(worker.held), worker.running()
             worker.held.clear()
             worker.outbox.clear()
+            for task in held:
+                self._since.pop(task.call.task_id, None)
             # The call its status word names may have run: it fails. The others never
             # started there: back to the head of the queue, in their order.
             culprit = next((t for t in held if running and t.call.task_id == running), None)
@@ -403,6 +419,8 @@ class Pool:
     # -- internals (``_lock`` held unless said otherwise) ---------------------------------
 
     def _assign(self, worker: WorkerProcess, task: Task) -> None:
+        if not worker.held:  # it runs at once: the sidebar shows it running since now
+            self._since[task.call.task_id] = time.time()
         task_id = task.call.task_id
         task.future.mark_started(True, lambda: worker.running() == task_id)
         worker.held.append(task)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -54,9 +55,57 @@ def rss_of(pid: int) -> int | None:
         return None
 
 
+class CpuMeter:
+    """Percent of one core each process used between two looks (None at the first look,
+    or when it cannot be read: gone, not ours)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[float, float]] = {}
+
+    def percent(self, pid: int) -> float | None:
+        try:
+            import psutil
+
+            times = psutil.Process(pid).cpu_times()
+        except Exception:  # gone between the report's pids and now, or no psutil
+            self._seen.pop(pid, None)
+            return None
+        used, now = float(times.user + times.system), time.monotonic()
+        before = self._seen.get(pid)
+        self._seen[pid] = (used, now)
+        if before is None or now <= before[1]:
+            return None
+        return round(max(0.0, 100.0 * (used - before[0]) / (now - before[1])), 1)
+
+    def forget_except(self, pids: set[int]) -> None:
+        for pid in [p for p in self._seen if p not in pids]:
+            del self._seen[pid]
+
+
+_cpu = CpuMeter()
+#: (session generation, sys.path) -> declared envs: resolving an env id may hash a
+#: working_dir, too slow to repeat every few seconds for what rarely changes.
+_declared_cache: tuple[Any, list[dict[str, Any]]] | None = None
+
+
+def _declared() -> list[dict[str, Any]]:
+    global _declared_cache
+    from .envs import declared_envs
+
+    key = (session.generation(), tuple(sys.path))
+    if _declared_cache is None or _declared_cache[0] != key:
+        try:
+            _declared_cache = (key, declared_envs())
+        except Exception as exc:  # a spec that no longer resolves: say nothing of it
+            log.debug("declared envs not reported: %s", exc)
+            _declared_cache = (key, [])
+    return _declared_cache[1]
+
+
 def snapshot() -> dict[str, Any]:
     """The report as it would be sent now."""
     pools = []
+    pids: set[int] = set()
     for pool in live_pools():
         stats = pool.stats()
         if not stats["env_id"]:
@@ -64,10 +113,14 @@ def snapshot() -> dict[str, Any]:
         workers: Any = stats["workers"]
         for worker in workers:
             worker["rss"] = rss_of(worker["pid"])
+            worker["cpu"] = _cpu.percent(worker["pid"])
+            pids.add(worker["pid"])
         pools.append(stats)
+    _cpu.forget_except(pids)
     spec = session.default_runtime_env()
     return {
         "pools": pools,
+        "declared": _declared(),
         "runtime_env": spec.to_json() if spec is not None else None,
         "cwd": os.getcwd(),
         "cluster": cluster_section(),

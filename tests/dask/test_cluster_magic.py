@@ -117,7 +117,7 @@ def test_a_failure_on_one_node_is_one_line_naming_the_node_and_step(
     )
     assert message.startswith(f"runtime_env: build failed on {failing} at step ")
     assert PLUGIN in message  # the step
-    assert "(the default was not changed; log on that node: " in message
+    assert "(this notebook keeps the environment it had; the log on that node: " in message
     assert api.default_runtime_env() is before
     out = capsys.readouterr().out
     # The failing node's installer lines were shown, prefixed with the node.

@@ -157,8 +157,10 @@ def test_failed_build_leaves_the_default_unchanged(
     captured = capsys.readouterr()
     err = captured.err
     # The installer's lines streamed into the cell; the error is one line naming the step.
+    # Named by its label, as the widget names it, and in the words of a notebook's user.
     assert err.startswith(
-        "UsageError: runtime_env: build failed at step pip (the default was not changed; full log: "
+        "UsageError: runtime_env: build failed at pip: no-such-package-anywhere:"
+        " this notebook keeps the environment it had; the whole log: "
     )
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

@@ -130,8 +130,11 @@ def test_a_failed_build_shows_the_failing_step_and_the_error_tail(
     assert any(line in widget.log_text for line in info.value.output_tail if line.strip())
     text = widget.text()
     assert "  x pip: no-such-package-anywhere (failed)" in text
-    assert "  failed step pip\n" in text  # the tail told the message: not again
-    assert "FAILED</b> at step <code>pip</code>" in widget.header.value
+    # The failed step named by its label, as in the table (not the plugin's key).
+    assert info.value.label == "pip: no-such-package-anywhere"
+    assert "  failed step pip: no-such-package-anywhere\n" in text  # the tail told the message
+    assert "FAILED</b> at <code>pip: no-such-package-anywhere</code>" in widget.header.value
+    assert "View log" not in widget.header.value  # the embedded agent: no server log to open
     assert "No solution found" not in widget.table.value  # said once, in the output box
     assert text.splitlines()[-1].startswith(f"runtime env {spec.env_id[:12]} — FAILED (")
 

@@ -19,9 +19,11 @@ def test_holders_are_named_as_users_know_them() -> None:
     assert name_holder("kernel:k1/runtime_env-magic:9:1", paths)["label"] == (
         "work/a.ipynb (%runtime_env)"
     )
-    assert name_holder("kernel:k1", paths)["label"] == "work/a.ipynb"
-    assert name_holder("kernel:zz123456789", paths)["label"] == "kernel zz123456"
+    # The provisioner's holder: the kernel runs in that env (a kernelspec made from it).
+    assert name_holder("kernel:k1", paths)["label"] == "work/a.ipynb (kernel's env)"
+    assert name_holder("kernel:zz123456789", paths)["label"] == "kernel zz123456 (kernel's env)"
     assert name_holder("cli", paths)["label"] == "CLI"
+    assert name_holder("rebuild", paths)["label"] == "rebuild (sidebar)"
     assert name_holder("name:gpu", paths)["label"] == "env gpu"
     assert name_holder("odd", paths) == {"id": "odd", "label": "odd", "kind": "other"}
 

@@ -43,7 +43,14 @@ def test_stats_count_each_workers_tasks_and_observers_hear_of_changes(
     assert stats["state"] == "ready"
     assert stats["env_id"] == "e" * 64
     assert stats["workers"] == [
-        {"pid": worker_pid, "busy": False, "tasks_done": 1, "tasks_failed": 1, "sticky": None}
+        {
+            "pid": worker_pid,
+            "busy": False,
+            "tasks_done": 1,
+            "tasks_failed": 1,
+            "sticky": None,
+            "task": None,
+        }
     ]
     mine = [p for p in snapshot()["pools"] if p["name"] == pool.name]
     assert mine[0]["workers"][0]["rss"] > 1_000_000  # psutil here; /proc without it
