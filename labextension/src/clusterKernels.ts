@@ -3,7 +3,7 @@
  * its start is doing (placing, staging, building the env on the node with its steps and
  * installer lines, starting), and why it failed or died. State comes only from the server's
  * event stream (schema ``KERNEL_SCHEMA``, emitted by the Dask kernel provisioner); the
- * ``ClusterKernels`` state is plain data (unit-tested without a DOM), ``renderClusterKernels``
+ * ``ClusterKernels`` state is plain data (unit-tested without a DOM), ``clusterKernelsView.tsx``
  * draws it.
  */
 
@@ -127,78 +127,4 @@ export class ClusterKernels {
         order[a.phase] - order[b.phase] || a.kernel_id.localeCompare(b.kernel_id)
     );
   }
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  node.className = className;
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-/**
- * The section's nodes (none when there is no kernel on a cluster). ``label(kernelId)``
- * names a kernel as people know it (its notebook); ``onDismiss`` removes an entry.
- */
-export function renderClusterKernels(
-  kernels: IClusterKernel[],
-  label: (kernelId: string) => string,
-  onDismiss: (kernelId: string) => void
-): HTMLElement[] {
-  if (!kernels.length) {
-    return [];
-  }
-  const section = el('div', 'jp-RuntimeEnv-clusterKernels');
-  section.append(el('div', 'jp-RuntimeEnv-sectionTitle', 'Kernels on a cluster'));
-  for (const kernel of kernels) {
-    const card = el('div', `jp-RuntimeEnv-card jp-RuntimeEnv-clusterKernel jp-mod-${kernel.phase}`);
-    card.dataset.kernelId = kernel.kernel_id;
-    card.dataset.phase = kernel.phase;
-    card.dataset.node = kernel.node;
-    const row = el('div', 'jp-RuntimeEnv-row');
-    row.append(
-      el('span', 'jp-RuntimeEnv-id', label(kernel.kernel_id)),
-      el('span', `jp-RuntimeEnv-state jp-mod-${kernel.phase}`, kernel.phase),
-      el('span', 'jp-RuntimeEnv-meta jp-RuntimeEnv-node', kernel.node || kernel.scheduler)
-    );
-    if (kernel.phase === 'failed' || kernel.phase === 'dead') {
-      const close = el('button', 'jp-RuntimeEnv-button', '×');
-      close.type = 'button';
-      close.title = 'Dismiss';
-      close.addEventListener('click', () => onDismiss(kernel.kernel_id));
-      row.append(close);
-    }
-    card.append(row);
-    if (kernel.message) {
-      const error = kernel.phase === 'failed' || kernel.phase === 'dead';
-      card.append(
-        el('div', error ? 'jp-RuntimeEnv-error' : 'jp-RuntimeEnv-brief', kernel.message)
-      );
-    }
-    const steps = Object.entries(kernel.steps);
-    if (kernel.phase !== 'running' && steps.length) {
-      const list = el('ul', 'jp-RuntimeEnv-steps');
-      for (const [name, step] of steps) {
-        const item = el('li', `jp-RuntimeEnv-step jp-mod-${step.status}`);
-        item.title = name;
-        item.append(
-          el('span', 'jp-RuntimeEnv-stepName', step.label),
-          el('span', 'jp-RuntimeEnv-stepStatus', step.status)
-        );
-        list.append(item);
-      }
-      card.append(list);
-    }
-    if (kernel.phase !== 'running' && kernel.log.length) {
-      card.append(el('pre', 'jp-RuntimeEnv-log', kernel.log.join('\n')));
-    }
-    section.append(card);
-  }
-  return [section];
 }

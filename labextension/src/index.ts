@@ -1,14 +1,15 @@
 /**
- * jupyter-runtimeenv's JupyterLab extension: wiring only. The sidebar (``panel.ts``) renders
- * the model (``model.ts``), fed by the REST API and the event stream (``api.ts``); notebooks
- * get a toolbar badge for the env they carry (``notebook.ts``).
+ * jupyter-runtimeenv's JupyterLab extension: wiring only. The sidebar (``panel.tsx``) renders
+ * the model (``model.ts``), fed by the REST API and the event stream (``api.ts``); a build log
+ * opens in a tab (``logview.tsx``); notebooks get a toolbar badge for the env they carry
+ * (``notebook.ts``) and keep finished widgets readable (``outputs.ts``).
  */
 import {
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, showErrorMessage } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -19,6 +20,7 @@ import { ServerTransport } from './api';
 import { RuntimeEnvModel } from './model';
 import { NotebookEnvBadge, saveEnvToNotebook } from './notebook';
 import { followFinalUpdates } from './outputs';
+import { createLogWidget } from './logview';
 import { RuntimeEnvPanel } from './panel';
 
 const PLUGIN_ID = 'jupyter-runtimeenv:plugin';
@@ -27,6 +29,7 @@ namespace CommandIDs {
   export const open = 'runtimeenv:open-panel';
   export const refresh = 'runtimeenv:refresh';
   export const save = 'runtimeenv:save-to-notebook';
+  export const viewLog = 'runtimeenv:view-log';
 }
 
 export const runtimeEnvIcon = new LabIcon({
@@ -60,16 +63,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       return `kernel ${kernelId.slice(0, 8)}`;
     };
+    const openLog = (envId: string) =>
+      void app.commands.execute(CommandIDs.viewLog, { env_id: envId });
     const panel = new RuntimeEnvPanel({
       model,
       confirmDelete: () => confirmDelete,
+      openLog,
       kernelLabel
-    });
-    // A cluster kernel's notebook is known once its session is: name it then.
-    app.serviceManager.sessions.runningChanged.connect(() => {
-      if (model.clusterKernels.kernels.size) {
-        panel.render();
-      }
     });
     panel.title.icon = runtimeEnvIcon;
     app.shell.add(panel, 'left', { rank: 600 });
@@ -89,11 +89,37 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     }
     void model.start();
+    // Holders are named by notebook path: a rename, a new or a closed session renames them.
+    app.serviceManager.sessions.runningChanged.connect(() => void model.refresh());
 
     app.commands.addCommand(CommandIDs.open, {
       label: 'Show Runtime Environments',
       icon: runtimeEnvIcon,
       execute: () => app.shell.activateById(panel.id)
+    });
+    const logs = new Map<string, MainAreaWidget>();
+    app.commands.addCommand(CommandIDs.viewLog, {
+      label: args => `Build Log of ${String(args.env_id ?? '').slice(0, 12)}`,
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: { env_id: { type: 'string', description: 'the env id' } }
+        }
+      },
+      execute: args => {
+        const envId = String(args.env_id ?? '');
+        if (!/^[0-9a-f]{64}$/.test(envId)) {
+          return;
+        }
+        let widget = logs.get(envId);
+        if (!widget || widget.isDisposed) {
+          widget = createLogWidget(model, envId);
+          logs.set(envId, widget);
+          widget.disposed.connect(() => logs.delete(envId));
+          app.shell.add(widget, 'main', { mode: 'split-right' });
+        }
+        app.shell.activateById(widget.id);
+      }
     });
     app.commands.addCommand(CommandIDs.refresh, {
       label: 'Refresh Runtime Environments',

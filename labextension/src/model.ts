@@ -6,6 +6,7 @@
  */
 
 import { ClusterKernels, KERNEL_SCHEMA } from './clusterKernels';
+import { IGroup, byRecentUse, groupEnvs } from './groups';
 
 /** A holder of an env reference, named as a user knows it (by the server). */
 export interface IHolder {
@@ -17,6 +18,8 @@ export interface IHolder {
 
 export interface IStep {
   status?: string;
+  /** What the step installs or holds, as users read it (``pip: numpy==1.26``). */
+  label?: string;
   started?: number;
   ended?: number;
   bytes?: number;
@@ -26,6 +29,8 @@ export interface IStep {
 export interface IBuildError {
   env_id?: string;
   step?: string;
+  /** The failed step as users read it (``pip: numpy==9.9``). */
+  label?: string;
   message?: string;
   output_tail?: string | string[];
   log_path?: string;
@@ -55,6 +60,10 @@ export interface IWorker {
   tasks_done: number;
   tasks_failed: number;
   rss: number | null;
+  /** What it runs now (function or cell name) and since when (epoch seconds). */
+  task?: { name: string; started: number } | null;
+  /** Percent of one core it used since the kernel's previous report. */
+  cpu?: number | null;
 }
 
 export interface IPool {
@@ -65,12 +74,68 @@ export interface IPool {
   workers: IWorker[];
 }
 
+/** An environment the kernel declared: the default (``name`` null) or a named one. */
+export interface IDeclared {
+  name: string | null;
+  env_id: string;
+}
+
+/** One environment on a node of a kernel's Dask cluster. */
+export interface INodeEnv {
+  env_id: string;
+  /** The env id the kernel knows it by (its pools', its declared env's). */
+  driver_env_id: string;
+  state: string;
+  bytes: number;
+  workers: IWorker[];
+}
+
+export interface INode {
+  address: string;
+  name: string;
+  state: string;
+  cache_bytes: number;
+  max_bytes: number;
+  envs: INodeEnv[];
+  /** Why the node could not be asked (unreachable). */
+  error?: string;
+}
+
+/** A kernel's Dask cluster, as the kernel reports it. */
+export interface ICluster {
+  scheduler: string;
+  dashboard: string | null;
+  updated?: number;
+  nodes: INode[];
+}
+
 export interface IKernelReport {
   kernel_id: string;
   path?: string;
   pools: IPool[];
+  declared?: IDeclared[];
+  cluster?: ICluster | null;
   runtime_env?: Record<string, unknown> | null;
   cwd?: string | null;
+}
+
+/** What "GC" would remove: every environment nobody holds, with the bytes it frees. */
+export interface IGcPlan {
+  envs: Array<{
+    env_id: string;
+    state: string;
+    bytes: number;
+    last_used: number | null;
+    fields: string[];
+  }>;
+  bytes: number;
+  held: number;
+}
+
+export interface IGcResult {
+  removed: string[];
+  kept: string[];
+  freed_bytes: number;
 }
 
 /** A worker as the panel shows it: under its env, with the kernel it belongs to. */
@@ -229,6 +294,11 @@ export class RuntimeEnvModel {
     this.changed.emit();
   }
 
+  /** The panel's layout: by kernel (notebook), then the cache. */
+  groups(): IGroup[] {
+    return groupEnvs(this.envs, this.kernels);
+  }
+
   /** The workers of ``envId``, across kernels. */
   workersOf(envId: string): IEnvWorker[] {
     const out: IEnvWorker[] = [];
@@ -251,17 +321,7 @@ export class RuntimeEnvModel {
 
   /** Envs, building ones first, then by last use (most recent first). */
   sortedEnvs(): IEnv[] {
-    const rank: Record<string, number> = {
-      BUILDING: 0,
-      PENDING: 0,
-      FAILED: 1,
-      READY: 2
-    };
-    return Array.from(this.envs.values()).sort(
-      (a, b) =>
-        (rank[a.state] ?? 3) - (rank[b.state] ?? 3) ||
-        (b.last_used ?? b.created ?? 0) - (a.last_used ?? a.created ?? 0)
-    );
+    return Array.from(this.envs.values()).sort(byRecentUse);
   }
 
   // -- actions ----------------------------------------------------------------------
@@ -283,6 +343,33 @@ export class RuntimeEnvModel {
     await this.refresh();
   }
 
+  /** The env once its build ends (READY or FAILED), or ``null`` if it went away or
+   * ``timeoutMs`` passed first. Follows the model (events, or polls while they are down). */
+  waitForEnd(envId: string, timeoutMs = 600_000): Promise<IEnv | null> {
+    return new Promise(resolve => {
+      let timer: unknown = null;
+      const check = (): boolean => {
+        const env = this.envs.get(envId);
+        if (!env || env.state === 'READY' || env.state === 'FAILED') {
+          disconnect();
+          if (timer !== null) {
+            this._clearTimer(timer);
+          }
+          resolve(env ?? null);
+          return true;
+        }
+        return false;
+      };
+      const disconnect = this.changed.connect(() => void check());
+      if (!check()) {
+        timer = this._setTimer(() => {
+          disconnect();
+          resolve(null);
+        }, timeoutMs);
+      }
+    });
+  }
+
   async remove(envId: string, force = false): Promise<string[]> {
     const answer = await this._transport.request<{ removed: string[] }>(
       'DELETE',
@@ -292,22 +379,31 @@ export class RuntimeEnvModel {
     return answer.removed;
   }
 
-  /** Evict unreferenced resources; the bytes freed. */
-  async gc(): Promise<number> {
-    const answer = await this._transport.request<{ freed_bytes: number }>(
-      'POST',
-      'gc',
-      {}
-    );
-    await this.refresh();
-    return answer.freed_bytes;
+  /** What GC would remove now: every environment nobody holds. */
+  async gcPlan(): Promise<IGcPlan> {
+    return this._transport.request<IGcPlan>('GET', 'gc/unreferenced');
   }
 
-  async stopWorker(kernelId: string, pid: number): Promise<void> {
-    await this._transport.request(
-      'DELETE',
-      `kernels/${kernelId}/workers/${pid}`
-    );
+  /** Remove ``envIds`` (those still unheld: one taken meanwhile is kept). */
+  async gc(envIds: string[]): Promise<IGcResult> {
+    const answer = await this._transport.request<IGcResult>('POST', 'gc/unreferenced', {
+      env_ids: envIds
+    });
+    await this.refresh();
+    return answer;
+  }
+
+  /** Stop a worker of a kernel: a local one, or one on ``node`` of the kernel's cluster. */
+  async stopWorker(kernelId: string, pid: number, node?: string): Promise<void> {
+    const query = node ? `?node=${encodeURIComponent(node)}` : '';
+    await this._transport.request('DELETE', `kernels/${kernelId}/workers/${pid}${query}`);
+  }
+
+  /** Collect the node caches of a kernel's cluster; bytes freed per node. */
+  async clusterGc(
+    kernelId: string
+  ): Promise<{ nodes: Record<string, number>; freed_bytes: number }> {
+    return this._transport.request('POST', `kernels/${kernelId}/gc`, {});
   }
 
   /** The env's spec: from the overview, else ``GET envs/{id}``. */
@@ -332,6 +428,10 @@ export class RuntimeEnvModel {
   private _envEvent(event: IEmission): void {
     const envId = String(event.env_id ?? '');
     const env = this.envs.get(envId);
+    if (event.kind === 'holders') {
+      this._scheduleRefresh(); // who holds it, named as users know them: from the overview
+      return;
+    }
     if (event.kind === 'state') {
       if (event.removed) {
         this.envs.delete(envId);
@@ -384,6 +484,11 @@ export class RuntimeEnvModel {
         kernel_id: kernelId,
         path: old?.path,
         pools: (event.pools as IPool[]) ?? [],
+        declared: (event.declared as IDeclared[] | undefined) ?? old?.declared ?? [],
+        cluster:
+          event.cluster !== undefined
+            ? (event.cluster as ICluster | null)
+            : (old?.cluster ?? null),
         runtime_env: old?.runtime_env ?? null,
         cwd: old?.cwd ?? null
       });
@@ -435,175 +540,8 @@ export class RuntimeEnvModel {
   private _disposed = false;
 }
 
-// -- formatting (pure) ------------------------------------------------------------------
-
 function message(reason: unknown): string {
   return reason instanceof Error ? reason.message : String(reason);
-}
-
-/** ``pip: numpy, pandas · working_dir: data/ · env_vars: 2``; the field names alone when
- * the overview did not carry the spec. */
-export function specBrief(
-  spec: Record<string, unknown> | null,
-  fields: string[] = []
-): string {
-  if (!spec) {
-    const names = fields.filter(f => !DRIVER_KEYS.includes(f));
-    return names.length ? names.join(' · ') : 'no packages (the driver’s Python)';
-  }
-  const parts: string[] = [];
-  for (const [key, value] of Object.entries(spec)) {
-    if (key === 'config' || DRIVER_KEYS.includes(key)) {
-      continue;
-    }
-    parts.push(`${key}: ${briefValue(key, value)}`);
-  }
-  return parts.length ? parts.join(' · ') : 'no packages (the driver’s Python)';
-}
-
-const DRIVER_KEYS = ['driver_python', 'driver_sys_path'];
-
-function briefValue(key: string, value: unknown): string {
-  if (key === 'pip' || key === 'uv') {
-    const packages = Array.isArray(value)
-      ? value
-      : ((value as { packages?: unknown })?.packages ?? value);
-    if (Array.isArray(packages)) {
-      return packages.map(p => requirementName(String(p))).join(', ');
-    }
-    return basename(String(packages));
-  }
-  if (key === 'plugins' && value && typeof value === 'object') {
-    return Object.keys(value)
-      .map(path => path.split('.').pop())
-      .join(', ');
-  }
-  if (key === 'env_vars' && value && typeof value === 'object') {
-    return String(Object.keys(value).length);
-  }
-  if (key === 'working_dir') {
-    return basename(String(value)) + '/';
-  }
-  if (key === 'py_modules' && Array.isArray(value)) {
-    return value.map(v => basename(String(v))).join(', ');
-  }
-  if (typeof value === 'string') {
-    return basename(value);
-  }
-  if (Array.isArray(value)) {
-    return String(value.length);
-  }
-  if (value && typeof value === 'object') {
-    return Object.keys(value).join(', ');
-  }
-  return String(value);
-}
-
-/** ``numpy==1.26`` -> ``numpy``; a path -> its last part. */
-export function requirementName(requirement: string): string {
-  if (requirement.includes('/')) {
-    return basename(requirement);
-  }
-  const match = /^[A-Za-z0-9._-]+(\[[^\]]*\])?/.exec(requirement.trim());
-  return match ? match[0] : requirement;
-}
-
-function basename(path: string): string {
-  const parts = path.replace(/\/+$/, '').split('/');
-  return parts[parts.length - 1] || path;
-}
-
-export function formatBytes(bytes: number | null | undefined): string {
-  if (bytes === null || bytes === undefined) {
-    return '–';
-  }
-  const units = ['B', 'kB', 'MB', 'GB', 'TB'];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1000 && unit < units.length - 1) {
-    value /= 1000;
-    unit += 1;
-  }
-  return unit === 0
-    ? `${value} B`
-    : `${value < 10 ? value.toFixed(1) : Math.round(value)} ${units[unit]}`;
-}
-
-/** ``12 s``, ``5 min``, ``3 h``, ``2 d`` ago, from epoch seconds. */
-export function formatAge(
-  epochSeconds: number | null | undefined,
-  now: number = Date.now() / 1000
-): string {
-  if (!epochSeconds) {
-    return '–';
-  }
-  const seconds = Math.max(0, now - epochSeconds);
-  if (seconds < 60) {
-    return `${Math.round(seconds)} s`;
-  }
-  if (seconds < 3600) {
-    return `${Math.round(seconds / 60)} min`;
-  }
-  if (seconds < 86400) {
-    return `${Math.round(seconds / 3600)} h`;
-  }
-  return `${Math.round(seconds / 86400)} d`;
-}
-
-/** The step that failed (from the error, else the first failed step). */
-export function failedStep(env: IEnv): string | null {
-  if (env.error?.step) {
-    return String(env.error.step);
-  }
-  for (const [name, step] of Object.entries(env.steps)) {
-    if (step.status === 'failed') {
-      return name;
-    }
-  }
-  return null;
-}
-
-/** A spec as YAML (flat, good enough for ``copy spec``; JSON values where nested). */
-export function specToYaml(spec: Record<string, unknown>): string {
-  const lines: string[] = [];
-  const emit = (value: unknown, indent: string): void => {
-    if (Array.isArray(value)) {
-      for (const item of value) {
-        if (item && typeof item === 'object') {
-          lines.push(`${indent}- ${JSON.stringify(item)}`);
-        } else {
-          lines.push(`${indent}- ${scalar(item)}`);
-        }
-      }
-      return;
-    }
-    for (const [key, item] of Object.entries(value as Record<string, unknown>)) {
-      if (item && typeof item === 'object') {
-        if (Array.isArray(item) && item.length === 0) {
-          lines.push(`${indent}${key}: []`);
-        } else if (!Array.isArray(item) && Object.keys(item).length === 0) {
-          lines.push(`${indent}${key}: {}`);
-        } else {
-          lines.push(`${indent}${key}:`);
-          emit(item, indent + '  ');
-        }
-      } else {
-        lines.push(`${indent}${key}: ${scalar(item)}`);
-      }
-    }
-  };
-  emit(spec, '');
-  return lines.join('\n') + '\n';
-}
-
-function scalar(value: unknown): string {
-  if (typeof value === 'string') {
-    return /^[A-Za-z0-9_./][A-Za-z0-9_./=<>~!,* -]*$/.test(value) &&
-      !/^(true|false|null|yes|no|on|off|[0-9.]+)$/i.test(value)
-      ? value
-      : JSON.stringify(value);
-  }
-  return JSON.stringify(value);
 }
 
 /** The state a notebook's badge shows for its metadata env. */

@@ -1,18 +1,23 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  failedStep,
+  formatAge,
+  formatBytes,
+  formatDuration,
+  portableSpec,
+  requirement,
+  requirementName,
+  specBrief,
+  specToYaml
+} from '../src/format';
+import {
   ENV_SCHEMA,
   IEmission,
   IOverview,
   ITransport,
   RuntimeEnvModel,
-  WORKERS_SCHEMA,
-  failedStep,
-  formatAge,
-  formatBytes,
-  requirementName,
-  specBrief,
-  specToYaml
+  WORKERS_SCHEMA
 } from '../src/model';
 
 const ID = 'a'.repeat(64);
@@ -195,24 +200,56 @@ describe('RuntimeEnvModel', () => {
     expect(model.workersOf(ID)).toEqual([]);
   });
 
-  it('sends the actions to the right endpoints and reports GC bytes', async () => {
+  it('sends the actions to the right endpoints and reports what GC did', async () => {
     const { model, transport } = setup('READY');
-    transport.answers['POST gc'] = { evicted: [], freed_bytes: 1234 };
+    transport.answers['GET gc/unreferenced'] = { envs: [{ env_id: ID, state: 'READY', bytes: 9, last_used: 1, fields: [] }], bytes: 9, held: 2 };
+    transport.answers['POST gc/unreferenced'] = { removed: [ID], kept: [], freed_bytes: 1234 };
     transport.answers[`DELETE envs/${ID}?force=true`] = { removed: ['u'] };
+    transport.answers['POST kernels/k1/gc'] = { nodes: { 'tcp://n:1': 5 }, freed_bytes: 5 };
     await model.start();
-    expect(await model.gc()).toBe(1234);
+    expect((await model.gcPlan()).envs.map(e => e.env_id)).toEqual([ID]);
+    expect((await model.gc([ID])).freed_bytes).toBe(1234);
     expect(await model.remove(ID, true)).toEqual(['u']);
     await model.rebuild(ID);
     await model.stopWorker('k1', 42);
+    await model.stopWorker('k1', 43, 'tcp://10.0.0.7:4000');
     await model.release(ID);
+    expect((await model.clusterGc('k1')).freed_bytes).toBe(5);
     const calls = transport.requests.map(r => `${r[0]} ${r[1]}`).filter(c => !c.endsWith('overview'));
     expect(calls).toEqual([
-      'POST gc',
+      'GET gc/unreferenced',
+      'POST gc/unreferenced',
       `DELETE envs/${ID}?force=true`,
       `POST envs/${ID}/rebuild`,
       'DELETE kernels/k1/workers/42',
-      `DELETE envs/${ID}/holders/user`
+      'DELETE kernels/k1/workers/43?node=tcp%3A%2F%2F10.0.0.7%3A4000',
+      `DELETE envs/${ID}/holders/user`,
+      'POST kernels/k1/gc'
     ]);
+    const gcBody = transport.requests.find(r => r[0] === 'POST' && r[1] === 'gc/unreferenced');
+    expect(gcBody![2]).toEqual({ env_ids: [ID] });
+  });
+
+  it('refetches the overview when holders change, once per burst', async () => {
+    const { model, transport, timers } = setup('READY');
+    await model.start();
+    transport.onState(true);
+    await timers.fireAll();
+    transport.requests = [];
+    transport.onEvent({ schema_id: ENV_SCHEMA, kind: 'holders', env_id: ID });
+    transport.onEvent({ schema_id: ENV_SCHEMA, kind: 'holders', env_id: ID });
+    await timers.fireAll();
+    expect(transport.requests.filter(r => r[1] === 'overview')).toHaveLength(1);
+  });
+
+  it('waits for the end of a build', async () => {
+    const { model, transport } = setup('BUILDING');
+    await model.start();
+    const ended = model.waitForEnd(ID);
+    transport.onEvent({ schema_id: ENV_SCHEMA, kind: 'state', env_id: ID, state: 'FAILED', error: { message: 'no' } });
+    const env = await ended;
+    expect(env?.state).toBe('FAILED');
+    expect(await model.waitForEnd('nope')).toBeNull();
   });
 
   it('fetches the spec of an env the overview gave without one', async () => {
@@ -247,12 +284,18 @@ describe('formatting', () => {
         driver_python: '/usr/bin/python3',
         config: {}
       })
-    ).toBe('pip: numpy, pandas[excel] · working_dir: data/ · env_vars: 2');
+    ).toBe('pip: numpy>=1, pandas[excel]==2.0 · working_dir: data/ · env_vars: 2');
+    expect(specBrief({ pip: ['a==1', 'b==2', 'c', 'd', 'e', 'f'] })).toBe(
+      'pip: a==1, b==2, c, d +2 more'
+    );
     expect(specBrief({ config: {} })).toMatch(/no packages/);
     expect(specBrief(null, ['driver_python', 'pip', 'working_dir'])).toBe('pip · working_dir');
   });
 
   it('names requirements', () => {
+    expect(requirement('  numpy ==  1.26 ')).toBe('numpy == 1.26');
+    expect(requirement('pkg @ file:///home/u/pkg')).toBe('pkg');
+    expect(requirement('/wheels/six-1.0-py3-none-any.whl')).toBe('six-1.0-py3-none-any.whl');
     expect(requirementName('requests==2.*')).toBe('requests');
     expect(requirementName('/wheels/six-1.0-py3-none-any.whl')).toBe('six-1.0-py3-none-any.whl');
   });
@@ -265,6 +308,31 @@ describe('formatting', () => {
     expect(formatAge(100, 130)).toBe('30 s');
     expect(formatAge(0, 130)).toBe('–');
     expect(formatAge(100, 100 + 7200)).toBe('2 h');
+    expect(formatDuration(90)).toBe('2 min');
+  });
+
+  it('names a failed step by its label', () => {
+    const env = {
+      env_id: ID,
+      state: 'FAILED',
+      spec: null,
+      error: { step: 'pip', message: 'boom' },
+      steps: { 'pip pip:2bec30': { status: 'failed', label: 'pip: numpy==9.9' } },
+      created: 1,
+      last_used: 1,
+      size: null,
+      holders: [],
+      log: []
+    };
+    expect(failedStep(env)).toBe('pip: numpy==9.9');
+    env.error = { step: 'pip pip:2bec30', message: 'boom' };
+    expect(failedStep(env)).toBe('pip: numpy==9.9');
+  });
+
+  it('copies a spec without the machine-specific fields', () => {
+    expect(
+      portableSpec({ pip: ['six'], driver_python: '/x/python', driver_sys_path: ['/x'] })
+    ).toEqual({ pip: ['six'] });
   });
 
   it('writes a spec as YAML', () => {

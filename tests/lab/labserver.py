@@ -9,9 +9,11 @@ environment (``./dev`` builds and links it). Screenshots go to ``tests/lab/scree
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,12 @@ class Lab(JupyterProcess):
         root = tmp / "root"
         root.mkdir(exist_ok=True)
         # No "get notified about Jupyter news?" toast over the screenshots.
-        news = tmp / "settings" / "@jupyterlab" / "apputils-extension"
-        news.mkdir(parents=True, exist_ok=True)
-        (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        settings = tmp / "settings" / "@jupyterlab"
+        for extension, name, value in [
+            ("apputils-extension", "notification", {"fetchNews": "false"}),
+        ]:
+            (settings / extension).mkdir(parents=True, exist_ok=True)
+            (settings / extension / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -98,27 +103,47 @@ class Page:
         (target or self.page).screenshot(path=str(path))
         return path
 
-    def command(self, command: str, args: dict[str, Any] | None = None, wait: bool = True) -> Any:
+    def command(self, command: str, args: dict[str, Any] | None = None, wait: bool = True) -> None:
         """Run a JupyterLab command; ``wait=False`` returns at once (``run-all-cells``
         resolves only when every cell ran)."""
-        script = "([c, a]) => window.jupyterapp.commands.execute(c, a)"
+        # The command's result is not returned: it may not be serializable (a widget).
+        script = "async ([c, a]) => { await window.jupyterapp.commands.execute(c, a); }"
         if not wait:
             script = "([c, a]) => { void window.jupyterapp.commands.execute(c, a); }"
-        return self.page.evaluate(script, [command, args or {}])
+        self.page.evaluate(script, [command, args or {}])
 
-    def open_notebook(self, server: Lab, path: str) -> None:
-        """Open JupyterLab on ``server`` with notebook ``path``, its kernel started (the
-        kernel dialog, if one comes up, answered with the notebook's own kernel)."""
-        self.page.goto(f"{server.url}lab?token={server.token}")
-        self.page.locator(".jp-LabShell").wait_for(timeout=90_000)
-        self.page.wait_for_function("() => window.jupyterapp?.commands", timeout=90_000)
+    def open_notebook(self, server: Lab, path: str, *, goto: bool = True) -> None:
+        """Open notebook ``path`` (in JupyterLab on ``server`` first, with ``goto``) and wait
+        until its kernel is idle. JupyterLab may ask which kernel to start, sometimes late
+        (when the kernel specs were not loaded as the notebook opened): the dialog, whenever
+        it comes, is answered with the notebook's own kernel."""
+        page = self.page
+        if goto:
+            page.goto(f"{server.url}lab?token={server.token}")
+            page.locator(".jp-LabShell").wait_for(timeout=90_000)
+        page.wait_for_function(
+            "() => Object.keys(window.jupyterapp?.serviceManager?.kernelspecs?.specs"
+            "?.kernelspecs ?? {}).length > 0",
+            timeout=90_000,
+        )
         self.command("docmanager:open", {"path": path})
-        idle = self.page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-        select = self.page.locator(".jp-Dialog-button.jp-mod-accept")
-        idle.or_(select).first.wait_for(timeout=90_000)
-        if select.count():
-            select.first.click()
-        idle.wait_for(timeout=90_000)
+        select = page.locator(".jp-Dialog-button.jp-mod-accept")
+        ready = (
+            "() => { const s = window.jupyterapp.shell.currentWidget?.sessionContext;"
+            " return !!(s && s.isReady && s.session?.kernel?.status === 'idle'); }"
+        )
+        deadline = time.monotonic() + 120
+        calm = 0  # consecutive looks with the kernel idle and no dialog
+        while calm < 3:
+            assert time.monotonic() < deadline, f"the kernel of {path} never became idle"
+            if select.count():
+                select.first.click()
+                calm = 0
+            elif page.evaluate(ready):
+                calm += 1
+            else:
+                calm = 0
+            page.wait_for_timeout(300)
 
     def theme(self, name: str) -> None:
         self.command("apputils:change-theme", {"theme": name})
