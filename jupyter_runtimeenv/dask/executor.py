@@ -162,6 +162,9 @@ class DaskExecutor(ClusterExecutor):
     def staging(self) -> Staging:
         return self._staging
 
+    def env_id_of(self, runtime_env: RuntimeEnvSpec) -> str:
+        return self._staging.env_id_of(runtime_env)
+
     # -- the Executor contract -----------------------------------------------------------
 
     def submit(

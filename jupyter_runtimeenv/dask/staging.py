@@ -105,6 +105,14 @@ class Staging:
         self._pool.submit(self._prepare, env)
         return env
 
+    def env_id_of(self, declared: RuntimeEnvSpec) -> str:
+        """The id ``declared`` is staged under (what its builds print), staged or not."""
+        known = self.known(declared)
+        if known is not None:
+            return known.spec.env_id
+        spec = refresh(declared)
+        return resolve_for_driver(spec, self.key_of(spec)[1]).env_id
+
     def known(self, spec: RuntimeEnvSpec) -> StagedEnv | None:
         """The staged env of ``spec`` if it was asked for already (nothing is started)."""
         key = self.key_of(refresh(spec))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..spec import RuntimeEnvSpec
-from .executor import Executor
+from .executor import Executor, resolve_for_driver
 from .future import RemoteFuture
 
 __all__ = [
@@ -193,6 +193,11 @@ class ClusterExecutor(Executor):
     def stop_worker(self, node: str, pid: int) -> None:
         """Kill environment worker ``pid`` on ``node`` (one of this executor's);
         ``LookupError`` if it is not one."""
+
+    def env_id_of(self, runtime_env: RuntimeEnvSpec) -> str:
+        """The id the nodes build ``runtime_env`` under from this driver (what its builds
+        print, the report's ``driver_env_id``): what the kernel shows for it."""
+        return resolve_for_driver(runtime_env).env_id
 
     @abc.abstractmethod
     def states_on_nodes(self, runtime_env: RuntimeEnvSpec) -> dict[str, str] | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import session
 from ..spec import RuntimeEnvSpec
+from .cluster import ClusterExecutor
 from .executor import resolve_for_driver
 
 __all__ = ["declared_envs"]
@@ -23,14 +24,20 @@ def declared_envs() -> list[dict[str, Any]]:
 
     Each is ``{"name", "env_id", "spec"}``: ``spec`` is the spec as declared (its canonical
     JSON) and ``env_id`` the id the agent builds it under from this driver (the spec with the
-    driver's ``sys.path`` and interpreter filled in, as a task submitted now would send it).
+    driver's ``sys.path`` and interpreter filled in, as a task submitted now would send it);
+    on a cluster (the session's executor runs on nodes), the id its nodes build it under.
     """
+    executor = session.executor()
+    env_id = (
+        executor.env_id_of
+        if isinstance(executor, ClusterExecutor)
+        else lambda spec: resolve_for_driver(spec).env_id
+    )
     entries: list[tuple[str | None, RuntimeEnvSpec]] = []
     default = session.default_runtime_env()
     if default is not None:
         entries.append((None, default))
     entries.extend(session.named_envs())
     return [
-        {"name": name, "env_id": resolve_for_driver(spec).env_id, "spec": spec.to_json()}
-        for name, spec in entries
+        {"name": name, "env_id": env_id(spec), "spec": spec.to_json()} for name, spec in entries
     ]

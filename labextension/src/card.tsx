@@ -214,13 +214,16 @@ export function EnvCard(props: {
     return (
       <div className="jp-RuntimeEnv-card jp-mod-missing" data-env-id={entry.envId}>
         <div className="jp-RuntimeEnv-cardHead">
-          <span className="jp-RuntimeEnv-name">{entry.title}</span>
-          <span className="jp-RuntimeEnv-meta">not in the cache: built again at its next use</span>
+          <span className={`jp-RuntimeEnv-name ${entry.named ? 'jp-mod-named' : ''}`}>
+            {entry.title}
+          </span>
+          <span className="jp-RuntimeEnv-state jp-mod-missing">NOT BUILT</span>
         </div>
         <div className="jp-RuntimeEnv-brief">
           <span className="jp-RuntimeEnv-id" title={entry.envId}>
             {entry.envId.slice(0, 12)}
           </span>
+          <span className="jp-RuntimeEnv-meta">not in the cache: built at its next use</span>
         </div>
       </div>
     );

@@ -92,7 +92,15 @@ export function groupEnvs(
       });
       shown.add(envId);
     };
+    // Envs the kernel runs on its Dask cluster show under the cluster's nodes (by name), not
+    // as local cards "not in the cache" when this server's cache does not have them.
+    const onCluster = new Set(
+      (kernel?.cluster?.nodes ?? []).flatMap(node => node.envs.map(env => env.driver_env_id))
+    );
     for (const declared of kernel?.declared ?? []) {
+      if (onCluster.has(declared.env_id) && !envs.has(declared.env_id)) {
+        continue;
+      }
       add(declared.env_id, declared.name ?? DEFAULT_TITLE, true);
     }
     for (const pool of kernel?.pools ?? []) {
@@ -107,7 +115,7 @@ export function groupEnvs(
         add(env.env_id, own ? KERNEL_ENV_TITLE : null, own);
       }
     }
-    if (entries.length) {
+    if (entries.length || kernel?.cluster) {
       groups.push({
         key: `kernel:${kernelId}`,
         kind: 'kernel',

@@ -303,8 +303,12 @@ function GroupView(props: {
   const { group, collapsed, now, actions } = props;
   const workers = group.entries.reduce((n, e) => n + e.workers.length, 0);
   const Caret = collapsed ? caretRightIcon : caretDownIcon;
+  const nodes = group.kernel?.cluster?.nodes.length ?? 0;
   const parts = [
-    `${group.entries.length} env${group.entries.length === 1 ? '' : 's'}`,
+    group.entries.length || !nodes
+      ? `${group.entries.length} env${group.entries.length === 1 ? '' : 's'}`
+      : '',
+    nodes ? `Dask: ${nodes} node${nodes === 1 ? '' : 's'}` : '',
     workers ? `${workers} worker${workers === 1 ? '' : 's'}` : '',
     group.bytes ? formatBytes(group.bytes) : ''
   ].filter(Boolean);

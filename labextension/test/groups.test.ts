@@ -100,6 +100,50 @@ describe('groups', () => {
     expect(declaredNames(kernels, id('a'))).toEqual(['x · a.ipynb']);
   });
 
+  it("shows a kernel's cluster envs under its cluster, not as local cards", () => {
+    const node = (address: string) => ({
+      address,
+      name: '0',
+      state: 'up',
+      cache_bytes: 1,
+      max_bytes: 2,
+      envs: [{ env_id: id('n'), driver_env_id: id('a'), state: 'READY', bytes: 1, workers: [] }]
+    });
+    const kernels = new Map<string, IKernelReport>([
+      [
+        'k1',
+        {
+          kernel_id: 'k1',
+          path: 'dask.ipynb',
+          pools: [],
+          declared: [
+            { name: null, env_id: id('a') },
+            { name: 'local', env_id: id('b') }
+          ],
+          cluster: { scheduler: 'tcp://s:1', dashboard: null, nodes: [node('tcp://n:1')] }
+        }
+      ],
+      [
+        'k2',
+        {
+          kernel_id: 'k2',
+          path: 'only.ipynb',
+          pools: [],
+          declared: [{ name: null, env_id: id('a') }],
+          cluster: { scheduler: 'tcp://s:1', dashboard: null, nodes: [node('tcp://n:1')] }
+        }
+      ]
+    ]);
+    const groups = groupEnvs(new Map(), kernels);
+    // The env on the nodes is left to the cluster section; one the nodes lack stays a card;
+    // a kernel whose every env is on its cluster keeps its group (for the cluster section).
+    expect(groups.map(g => [g.title, g.entries.map(e => e.title)])).toEqual([
+      ['dask.ipynb', ['local']],
+      ['only.ipynb', []],
+      ['Cache', []]
+    ]);
+  });
+
   it('orders building and failed envs first, then by last use', () => {
     const envs = [
       env('a', [], { last_used: 5 }),

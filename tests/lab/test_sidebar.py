@@ -16,9 +16,8 @@ import json
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
-from labserver import Lab, Page, needs_browser
+from labserver import Lab, Page, needs_browser, notebook, open_panel, toast
 
 from tests.server.plugins import script
 
@@ -38,42 +37,6 @@ CELLS = [
     "print('first', crunch.remote(0).result(timeout=120))\n"
     "running = crunch.remote(600)",
 ]
-
-
-def notebook(cells: list[str]) -> str:
-    return json.dumps(
-        {
-            "cells": [
-                {"cell_type": "code", "metadata": {}, "source": c, "outputs": []}
-                | {"execution_count": None}
-                for c in cells
-            ],
-            "metadata": {
-                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-            },
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        }
-    )
-
-
-def open_panel(view: Page, lab: Lab) -> Any:
-    from playwright.sync_api import expect
-
-    page = view.page
-    page.goto(f"{lab.url}lab?token={lab.token}")
-    tab = page.locator('.lm-TabBar-tab[data-id="jupyter-runtimeenv-panel"]')
-    tab.wait_for(timeout=90_000)
-    tab.click()
-    panel = page.locator("#jupyter-runtimeenv-panel")
-    expect(panel).to_be_visible()
-    expect(panel.locator(".jp-RuntimeEnv-live")).to_have_text("live", timeout=20_000)
-    return panel
-
-
-def toast(page: Any, text: str | re.Pattern[str]) -> Any:
-    """The notification saying ``text``."""
-    return page.locator(".jp-toast-message, .Toastify__toast").filter(has_text=text).first
 
 
 def test_builds_failures_logs_and_gc(lab: Lab, new_page: Callable[[str], Page]) -> None:
