@@ -8,15 +8,19 @@ extension::
       "runtime_env": {
         "version": 1,
         "spec": {"pip": {"packages": ["six"]}, "working_dir": "data", "env_vars": {"MODE": "x"}},
-        "env_id": "3f2a...",          # the env the kernel had when it was saved (informative)
+        "env_id": "3f2a...",          # the kernel's id of it when saved (what %runtime_env
+                                      # --list showed; another machine's differs)
+        "named": {"slow": {"spec": {"env_vars": {"SPEED": "slow"}}, "env_id": "9b1c..."}},
         "saved": "2026-12-02T19:00:00Z"
       }
     }
 
-``spec`` is a runtime env spec whose relative paths are relative to the notebook's directory;
-the machine-specific fields the driver fills in itself (``driver_python`` and a resolved
-``driver_sys_path``) are left out. ``declare`` (run in the kernel by the sidebar's "declare"
-button) makes it the kernel's default, like ``%runtime_env --file``.
+``spec`` (the default env; absent when the kernel declared only named ones) and each of
+``named``'s specs are runtime env specs whose relative paths are relative to the notebook's
+directory; the machine-specific fields the driver fills in itself (``driver_python`` and a
+resolved ``driver_sys_path``) are left out. ``declare`` (run in the kernel by the sidebar's
+"declare" button) makes ``spec`` the kernel's default, like ``%runtime_env --file``, and
+declares each named env, like ``%%runtime_env --name NAME``.
 """
 
 from __future__ import annotations
@@ -60,35 +64,79 @@ def relative_spec(spec: Mapping[str, Any], notebook_dir: str, root_dir: str) -> 
     return out
 
 
+def notebook_metadata(
+    declared: list[Mapping[str, Any]], notebook_dir: str, root_dir: str
+) -> dict[str, Any]:
+    """``metadata.runtime_env`` (without ``saved``) of a kernel's ``declared`` envs (its
+    report's ``[{"name", "env_id", "spec"}]``, the default's name ``None``): each spec relative
+    to ``notebook_dir``, each ``env_id`` the kernel's own (the one ``--list`` shows)."""
+    out: dict[str, Any] = {"version": METADATA_VERSION}
+    named: dict[str, Any] = {}
+    for entry in declared:
+        spec = entry.get("spec")
+        if not isinstance(spec, Mapping):
+            continue
+        item = {"spec": relative_spec(spec, notebook_dir, root_dir), "env_id": entry["env_id"]}
+        if entry.get("name") is None:
+            out.update(item)
+        else:
+            named[str(entry["name"])] = item
+    if named:
+        out["named"] = named
+    return out
+
+
 def _default_config() -> dict[str, Any]:
     from .spec.model import RuntimeEnvConfig
 
     return RuntimeEnvConfig().to_json()
 
 
-def declare(spec: Mapping[str, Any], notebook_dir: str | None = None) -> None:
+def declare(
+    spec: Mapping[str, Any] | None,
+    notebook_dir: str | None = None,
+    named: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Make ``spec`` (relative to ``notebook_dir``, default the cwd: a kernel's cwd is its
-    notebook's directory) the notebook's default environment, as ``%runtime_env --file`` does:
-    merged over the current default, built at once with the build widget when eager.
+    notebook's directory) the notebook's default environment, as ``%runtime_env --file`` does
+    (merged over the current default), and declare each of ``named`` as that name, as
+    ``%%runtime_env --name NAME`` does (the saved spec is the env); each is built at once with
+    the build widget when eager. Every spec is parsed before any is declared: a bad one
+    declares nothing and names its field.
 
     Who calls it: code the sidebar's "declare" button runs in the notebook's kernel.
     """
     from IPython import get_ipython
 
+    from .errors import SpecError
+    from .session import check_name
     from .spec import parse
     from .spec.paths import base_dir
 
-    with base_dir(os.path.abspath(notebook_dir or os.getcwd())):
-        absolute = parse(dict(spec)).to_json()  # relative paths resolved, errors named
+    directory = os.path.abspath(notebook_dir or os.getcwd())
+    resolved: list[tuple[str | None, dict[str, Any]]] = []
+    with base_dir(directory):  # relative paths resolved, errors named
+        if spec is not None:
+            resolved.append((None, parse(dict(spec)).to_json()))
+        for name, named_spec in (named or {}).items():
+            check_name(name)  # it goes on a magic's line
+            try:
+                resolved.append((name, parse(dict(named_spec)).to_json()))
+            except SpecError as exc:
+                raise exc.within(f"named.{name}") from None
     shell = get_ipython()
     if shell is None:
         raise RuntimeError("declare() runs in an IPython kernel")
     if "runtime_env" not in shell.magics_manager.magics["line"]:
         shell.run_line_magic("load_ext", "jupyter_runtimeenv")
-    fd, path = tempfile.mkstemp(prefix="runtime-env-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(absolute, file)
-        shell.run_line_magic("runtime_env", f"--file {shlex.quote(path)}")
-    finally:
-        os.unlink(path)
+    for env_name, absolute in resolved:
+        if env_name is not None:
+            shell.run_cell_magic("runtime_env", f"--name {env_name}", json.dumps(absolute))
+            continue
+        fd, path = tempfile.mkstemp(prefix="runtime-env-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(absolute, file)
+            shell.run_line_magic("runtime_env", f"--file {shlex.quote(path)}")
+        finally:
+            os.unlink(path)

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..errors import EnvInUse, EnvNotFound
-from ..notebook_meta import DRIVER_FIELDS, METADATA_VERSION, relative_spec
+from ..errors import EnvInUse, EnvNotFound, SpecError
+from ..notebook_meta import DRIVER_FIELDS, notebook_metadata
 from ..spec.ids import is_env_id
 from ..spec.paths import base_dir
 from .cluster_report import validate_full
@@ -294,9 +294,14 @@ class KernelNotebookEnvHandler(PanelHandler):
     @authorized
     @_handles_done
     async def get(self, kernel_id: str) -> None:
-        """The kernel's declared env as ``metadata.runtime_env`` of notebook ``?path=``."""
+        """The kernel's declared envs (the default and every named one) as
+        ``metadata.runtime_env`` of notebook ``?path=``, each with the kernel's env id."""
         report = self.panel_host.kernel_reports.get(kernel_id)
-        if report is None or not report.get("runtime_env"):
+        declared = [d for d in (report or {}).get("declared", []) if d.get("spec") is not None]
+        if report is not None and not declared and report.get("runtime_env"):
+            # A kernel of an older version reports its default only.
+            declared = [{"name": None, "env_id": None, "spec": report["runtime_env"]}]
+        if report is None or not declared:
             self.fail(
                 404,
                 "NoRuntimeEnv",
@@ -304,20 +309,32 @@ class KernelNotebookEnvHandler(PanelHandler):
             )
             return
         notebook_dir = self.notebook_dir(self.query("path"), report)
-        spec = relative_spec(report["runtime_env"], notebook_dir, self.root_dir())
+        meta = notebook_metadata(declared, notebook_dir, self.root_dir())
         agent = await self.agent()
-        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
-        await self.reply({"version": METADATA_VERSION, "spec": spec, "env_id": parsed.env_id})
+        specs = [("", meta["spec"])] if "spec" in meta else []
+        specs += [(f"named.{n}", e["spec"]) for n, e in meta.get("named", {}).items()]
+        for field, spec in specs:  # each readable here again, or the error names its field
+            await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir, field))
+        await self.reply(meta)
 
 
-def _parse_in(agent: Any, spec: dict[str, Any], directory: str) -> Any:
-    with base_dir(directory):
-        return agent.parse(spec)
+def _parse_in(agent: Any, spec: dict[str, Any], directory: str, field: str = "") -> Any:
+    """``spec`` parsed against ``directory``; a ``SpecError`` names its field under ``field``
+    (``named.slow``) when given."""
+    try:
+        with base_dir(directory):
+            return agent.parse(spec)
+    except SpecError as exc:
+        raise (exc.within(field) if field else exc) from None
 
 
 def _core(spec: dict[str, Any]) -> dict[str, Any]:
     """What identifies a notebook's env across machines: no driver fields, no build config."""
     return {k: v for k, v in spec.items() if k not in (*DRIVER_FIELDS, "config")}
+
+
+#: The badge's overall state is the first of these that any of the notebook's envs is in.
+_WORST_FIRST = ("failed", "missing", "building", "cached")
 
 
 class NotebookEnvHandler(PanelHandler):
@@ -327,26 +344,60 @@ class NotebookEnvHandler(PanelHandler):
     @authorized
     @_handles_done
     async def post(self) -> None:
-        """The state of a notebook's env: body ``{"path": notebook path, "runtime_env":
-        metadata}``; answers ``{"state": cached|building|failed|missing, "env_id"}``. An env
-        matches when its spec, without the driver's own fields, is the metadata's spec
-        resolved against the notebook's directory."""
+        """The state of a notebook's envs: body ``{"path": notebook path, "runtime_env":
+        metadata}``; answers ``{"state", "env_id", "error", "default", "named": [...]}``, each
+        entry ``{"name", "state": cached|building|failed|missing, "env_id", "error"}`` and
+        ``state`` the worst of them. An env matches when its spec, without the driver's own
+        fields, is the metadata's spec resolved against the notebook's directory; ``env_id``
+        is that env's (the id the kernel shows), ``null`` when this server has none."""
         data = await self.json_body()
         if not isinstance(data, dict) or not isinstance(data.get("runtime_env"), dict):
             self.fail(400, "SpecError", "runtime_env: expected the notebook's metadata object")
             return
         meta = data["runtime_env"]
-        spec = meta.get("spec")
-        if not isinstance(spec, dict):
-            self.fail(400, "SpecError", "runtime_env.spec: expected a JSON object", field="spec")
+        wanted: list[tuple[str | None, Any, str]] = []
+        if "spec" in meta or "named" not in meta:
+            wanted.append((None, meta.get("spec"), "spec"))
+        named = meta.get("named", {})
+        if not isinstance(named, dict):
+            self.fail(400, "SpecError", "runtime_env.named: expected a JSON object", field="named")
             return
+        for name, entry in named.items():
+            spec = entry.get("spec") if isinstance(entry, dict) else None
+            wanted.append((name, spec, f"named.{name}.spec"))
+        for _name, spec, field in wanted:
+            if not isinstance(spec, dict):
+                self.fail(
+                    400, "SpecError", f"runtime_env.{field}: expected a JSON object", field=field
+                )
+                return
         path = data.get("path")
         if not isinstance(path, str):
             self.fail(400, "SpecError", "path: expected the notebook's path")
             return
         notebook_dir = self.notebook_dir(path, {})
         agent = await self.agent()
-        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir))
+        rows = []
+        for name, spec, field in wanted:
+            row = await self._state_of(agent, spec, notebook_dir, field.removesuffix(".spec"))
+            rows.append({"name": name, **row})
+        default = rows[0] if rows and rows[0]["name"] is None else None
+        worst = min(rows, key=lambda r: _WORST_FIRST.index(r["state"]))
+        await self.reply(
+            {
+                "state": worst["state"],
+                "env_id": (default or worst)["env_id"],
+                "error": worst.get("error"),
+                "default": default,
+                "named": [r for r in rows if r["name"] is not None],
+            }
+        )
+
+    async def _state_of(
+        self, agent: Any, spec: dict[str, Any], notebook_dir: str, field: str
+    ) -> dict[str, Any]:
+        where = "" if field == "spec" else field
+        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir, where))
         want = _core(parsed.to_json())
         found: dict[str, Any] | None = None
         # Only envs with the same field names (plus the driver's) can match: their specs are
@@ -363,10 +414,9 @@ class NotebookEnvHandler(PanelHandler):
             if _core(env.get("spec") or {}) == want and (found is None or env["state"] == "READY"):
                 found = env
         if found is None:
-            await self.reply({"state": "missing", "env_id": parsed.env_id})
-            return
+            return {"state": "missing", "env_id": None, "error": None}
         state = _STATE_OF_NOTEBOOK_ENV.get(found["state"], "failed")
-        await self.reply({"state": state, "env_id": found["env_id"], "error": found.get("error")})
+        return {"state": state, "env_id": found["env_id"], "error": found.get("error")}
 
 
 _GC_STATES = ("READY", "FAILED")

@@ -554,19 +554,36 @@ export type NotebookEnvState =
 
 export interface INotebookEnvStatus {
   state: NotebookEnvState;
-  env_id?: string;
+  /** The env this server has for it (the id the kernel shows); none when it is missing. */
+  env_id?: string | null;
+  error?: IBuildError | null;
+  /** The default's own state (``state`` is the worst of all); absent without a default. */
+  default?: INamedEnvStatus | null;
+  /** The named envs the notebook carries, by name. */
+  named?: INamedEnvStatus[];
+}
+
+export interface INamedEnvStatus {
+  name: string | null;
+  state: NotebookEnvState;
+  env_id?: string | null;
   error?: IBuildError | null;
 }
 
-/** Is ``metadata.runtime_env`` something the badge can show? */
-export function isNotebookEnv(value: unknown): value is {
+/** ``metadata.runtime_env``: the default's spec and/or named envs' specs. */
+export interface INotebookEnv {
   version: number;
-  spec: Record<string, unknown>;
-} {
-  return (
-    !!value &&
-    typeof value === 'object' &&
-    typeof (value as { spec?: unknown }).spec === 'object' &&
-    (value as { spec?: unknown }).spec !== null
-  );
+  spec?: Record<string, unknown>;
+  env_id?: string;
+  named?: Record<string, { spec: Record<string, unknown>; env_id?: string }>;
+}
+
+/** Is ``metadata.runtime_env`` something the badge can show (a default or a named env)? */
+export function isNotebookEnv(value: unknown): value is INotebookEnv {
+  if (!value || typeof value !== 'object') {
+    return false;
+  }
+  const { spec, named } = value as { spec?: unknown; named?: unknown };
+  const isObject = (v: unknown) => !!v && typeof v === 'object' && !Array.isArray(v);
+  return isObject(spec) || (isObject(named) && Object.keys(named as object).length > 0);
 }

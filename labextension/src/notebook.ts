@@ -12,12 +12,8 @@ import { showErrorMessage } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
-import {
-  INotebookEnvStatus,
-  ITransport,
-  RuntimeEnvModel,
-  isNotebookEnv
-} from './model';
+import { INotebookEnvStatus, ITransport, RuntimeEnvModel, isNotebookEnv } from './model';
+import { badgeText, badgeTitle, declareCode } from './notebookEnv';
 
 export const METADATA_KEY = 'runtime_env';
 
@@ -38,17 +34,6 @@ export async function saveEnvToNotebook(
   panel.model!.setMetadata(METADATA_KEY, value);
   await panel.context.save();
   return value;
-}
-
-/** Python run in the kernel by the badge's button. */
-export function declareCode(spec: Record<string, unknown>): string {
-  const literal = JSON.stringify(JSON.stringify(spec));
-  return (
-    'import json as _jre_json\n' +
-    'from jupyter_runtimeenv.notebook_meta import declare as _jre_declare\n' +
-    `_jre_declare(_jre_json.loads(${literal}))\n` +
-    'del _jre_json, _jre_declare'
-  );
 }
 
 export class NotebookEnvBadge extends Widget {
@@ -104,9 +89,9 @@ export class NotebookEnvBadge extends Widget {
     }
     this.node.dataset.state = status.state;
     this._label.className = `jp-RuntimeEnv-badgeLabel jp-mod-${status.state}`;
-    this._label.textContent = `env: ${status.state}`;
+    this._label.textContent = badgeText(status);
     if (status.state !== 'unknown') {
-      this.node.title = `This notebook carries its environment (${status.env_id?.slice(0, 12) ?? ''}): ${status.state}`;
+      this.node.title = badgeTitle(status);
     }
     this.show();
   }
@@ -119,7 +104,7 @@ export class NotebookEnvBadge extends Widget {
     }
     this._label.textContent = 'env: declaring…';
     const future = kernel.requestExecute({
-      code: declareCode(meta.spec),
+      code: declareCode(meta),
       silent: false,
       store_history: false
     });

@@ -194,7 +194,7 @@ def test_save_environment_to_notebook_and_the_badge_on_reopen(
     view.open_notebook(lab, "demo.ipynb")
     view.command("notebook:run-all-cells", wait=False)
     deadline = time.monotonic() + 120
-    while not any(k.get("declared") for k in lab.api("GET", "kernels")["kernels"]):
+    while not any(len(k.get("declared", [])) == 2 for k in lab.api("GET", "kernels")["kernels"]):
         assert time.monotonic() < deadline, "the kernel never reported its envs"
         time.sleep(0.3)
 
@@ -206,11 +206,21 @@ def test_save_environment_to_notebook_and_the_badge_on_reopen(
         time.sleep(0.2)
     meta = json.loads(path.read_text())["metadata"]["runtime_env"]
     assert meta["spec"] == {"env_vars": {"MODE": "e2e"}}
+    # The named env too, each under the id the kernel shows (issue 21 item 3).
+    (kernel,) = lab.api("GET", "kernels")["kernels"]
+    ids = {d["name"]: d["env_id"] for d in kernel["declared"]}
+    assert meta["env_id"] == ids[None]
+    assert meta["named"] == {
+        "slow": {"spec": {"env_vars": {"SPEED": "slow"}}, "env_id": ids["slow"]}
+    }
     view.command("application:close-all")
     page.wait_for_timeout(500)
     view.command("docmanager:open", {"path": "demo.ipynb"})
     badge = page.locator(".jp-RuntimeEnv-badge")
     expect(badge).to_have_attribute("data-state", "cached", timeout=30_000)
-    expect(badge).to_contain_text("env: cached")
+    expect(badge).to_contain_text("env: cached (+1 named)")
+    title = badge.get_attribute("title") or ""
+    assert f"(default) {ids[None][:12]}: cached" in title, title
+    assert f"slow {ids['slow'][:12]}: cached" in title, title
     view.shot("11-badge-light-page")
     assert not view.errors, view.errors

@@ -237,6 +237,7 @@ import os
 os.makedirs({root!r} + "/nbdir/data", exist_ok=True)
 os.chdir({root!r} + "/nbdir")
 %runtime_env --env-var MODE=fast --working-dir data --no-widget
+%runtime_env --name slow --env-var SPEED=slow --no-widget
 print("declared")
 """
 
@@ -251,9 +252,10 @@ async def test_the_kernels_declared_env_becomes_notebook_metadata_and_its_state_
     assert "declared" in await run(jp_serverapp, kernel_id, DECLARE.format(root=str(jp_root_dir)))
     for _ in range(100):
         report = (await call(jp_fetch, "GET", "kernels"))["kernels"]
-        if report and report[0]["runtime_env"]:
+        if report and len(report[0]["declared"]) == 2:
             break
         await asyncio.sleep(0.1)
+    ids = {d["name"]: d["env_id"] for d in report[0]["declared"]}
     meta = await call(
         jp_fetch,
         "GET",
@@ -264,14 +266,38 @@ async def test_the_kernels_declared_env_becomes_notebook_metadata_and_its_state_
     )
     assert meta["version"] == 1
     assert meta["spec"] == {"env_vars": {"MODE": "fast"}, "working_dir": "data"}
+    # Named envs are saved too, and each id is the one the kernel shows (--list, the sidebar).
+    assert meta["named"] == {
+        "slow": {"spec": {"env_vars": {"SPEED": "slow"}}, "env_id": ids["slow"]}
+    }
+    assert meta["env_id"] == ids[None]
 
-    # The kernel built it (with its own driver_python and sys.path): the notebook's is cached.
+    # The kernel built them (with its own driver_python and sys.path): the notebook's are
+    # cached, under the ids the kernel shows.
     notebook = {"path": "nbdir/analysis.ipynb", "runtime_env": meta}
     status = await call(jp_fetch, "POST", "notebook_env", body=notebook)
     assert status["state"] == "cached"
+    assert status["env_id"] == ids[None]
+    assert status["default"]["env_id"] == ids[None]
+    assert [(n["name"], n["state"], n["env_id"]) for n in status["named"]] == [
+        ("slow", "cached", ids["slow"])
+    ]
     other = {**meta, "spec": {**meta["spec"], "env_vars": {"MODE": "slow"}}}
     status = await call(jp_fetch, "POST", "notebook_env", body={**notebook, "runtime_env": other})
     assert status["state"] == "missing"
+    assert status["env_id"] is None  # no id this server does not have
+    assert status["named"][0]["state"] == "cached"
+    # A named env alone is a notebook env too; a bad one is refused naming it.
+    only_named = {"version": 1, "named": meta["named"]}
+    status = await call(
+        jp_fetch, "POST", "notebook_env", body={**notebook, "runtime_env": only_named}
+    )
+    assert (status["state"], status["default"]) == ("cached", None)
+    bad = {"version": 1, "named": {"slow": {"spec": {"env_vars": 5}}}}
+    code, body = await refused(
+        jp_fetch, "POST", "notebook_env", body={**notebook, "runtime_env": bad}
+    )
+    assert (code, body["field"]) == (400, "named.slow.env_vars")
     # Built from that spec through REST: cached too.
     spec = {"env_vars": {"MODE": "slow"}, "working_dir": str(jp_root_dir / "nbdir" / "data")}
     await call(jp_fetch, "POST", "envs", body=spec, params={"wait": "true"})
@@ -301,17 +327,23 @@ async def test_declare_makes_the_notebooks_env_the_kernels_default(
     # The code the badge's "Declare" button runs (labextension/src/notebook.ts declareCode).
     (jp_root_dir / "nb" / "data").mkdir(parents=True)
     spec = json.dumps({"env_vars": {"MODE": "carried"}, "working_dir": "data"})
+    named = json.dumps({"slow": {"env_vars": {"SPEED": "slow"}, "working_dir": "data"}})
     code = (
         f"import os\nos.chdir({str(jp_root_dir / 'nb')!r})\n"
         "import json as _jre_json\n"
         "from jupyter_runtimeenv.notebook_meta import declare as _jre_declare\n"
-        f"_jre_declare(_jre_json.loads({spec!r}))\n"
-        "from jupyter_runtimeenv.session import default_runtime_env\n"
+        f"_jre_declare(_jre_json.loads({spec!r}), named=_jre_json.loads({named!r}))\n"
+        "from jupyter_runtimeenv.session import default_runtime_env, lookup\n"
+        "print(lookup('slow').to_json()['env_vars'])\n"
         "print(default_runtime_env().to_json()['working_dir'])"
     )
     kernel_id = await start_kernel(jp_fetch, "python3")
     out = await run(jp_serverapp, kernel_id, code)
-    assert out.strip().splitlines()[-1] == str(jp_root_dir / "nb" / "data")
+    # Every env the notebook carries is declared again: the default and the named ones.
+    assert out.strip().splitlines()[-2:] == [
+        "{'SPEED': 'slow'}",
+        str(jp_root_dir / "nb" / "data"),
+    ]
     for _ in range(100):
         kernels = (await call(jp_fetch, "GET", "kernels"))["kernels"]
         if kernels and kernels[0]["runtime_env"]:
