@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 from typing import Any
 
@@ -43,6 +45,7 @@ from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
 from ..spec import SpecPolicy
+from ..workers import stops
 from .cluster import cluster_handlers
 from .events import KERNEL_SCHEMA_PATH, SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
@@ -185,6 +188,7 @@ class RuntimeEnvExtension(ExtensionApp):
             lambda data: logger.emit(schema_id=WORKERS_SCHEMA_ID, data=data),
             self._kernel_pid,
             self._envs_used,
+            notes_dir=_stop_notes_dir(self.server.runtime_dir),
         )
         self._unlisten = [
             self.agent.add_listener(self.forwarder),
@@ -192,7 +196,9 @@ class RuntimeEnvExtension(ExtensionApp):
             self.agent.on_holders(self._holders_changed),
         ]
         logger.add_listener(schema_id=KERNEL_ACTIONS_SCHEMA, listener=self._on_kernel_action)
-        self._saved_environ = {k: os.environ.get(k) for k in (URL_ENV_VAR, TOKEN_ENV_VAR)}
+        self._saved_environ = {
+            k: os.environ.get(k) for k in (URL_ENV_VAR, TOKEN_ENV_VAR, stops.NOTES_ENV_VAR)
+        }
         self.export_environment()
         self.settings[SETTINGS_KEY] = self
         _current = self
@@ -260,6 +266,8 @@ class RuntimeEnvExtension(ExtensionApp):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if self.kernel_reports.notes_dir is not None:
+            shutil.rmtree(self.kernel_reports.notes_dir, ignore_errors=True)
         if _current is self:
             _current = None
 
@@ -349,6 +357,8 @@ class RuntimeEnvExtension(ExtensionApp):
         """Put the URL and token into ``os.environ``, which kernels started later inherit.
         Called at load and again at start (the port may change in between)."""
         os.environ[URL_ENV_VAR] = self.kernel_url()
+        if self.kernel_reports.notes_dir is not None:
+            os.environ[stops.NOTES_ENV_VAR] = self.kernel_reports.notes_dir
         token = self.server.identity_provider.token
         if token:
             os.environ[TOKEN_ENV_VAR] = token
@@ -460,3 +470,14 @@ class RuntimeEnvExtension(ExtensionApp):
                 await self.release_gone_processes(running)
             except Exception:
                 self.log.exception("jupyter_runtimeenv: releasing gone kernel processes failed")
+
+
+def _stop_notes_dir(runtime_dir: str) -> str | None:
+    """A directory of this server's own (in Jupyter's runtime dir, private) for the notes a
+    Stop leaves its kernel (``workers/stops.py``); None if it cannot be made (the kernel
+    then reports such a worker as killed by SIGKILL)."""
+    try:
+        os.makedirs(runtime_dir, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"runtimeenv-stops-{os.getpid()}-", dir=runtime_dir)
+    except OSError:
+        return None

@@ -15,6 +15,7 @@ kernel's pool sees the worker die and fails or replaces its task as for any dead
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..errors import RuntimeEnvError
 from ..spec.ids import is_env_id
+from ..workers import stops
 
 WORKERS_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/workers/v1"
 WORKERS_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "workers" / "v1.yaml"
@@ -164,8 +166,11 @@ class KernelReports:
         emit: Callable[[dict[str, Any]], object],
         kernel_pid: Callable[[str], int | None],
         used: Callable[[list[str]], object] = lambda env_ids: None,
+        notes_dir: str | None = None,
     ) -> None:
         self._emit = emit
+        #: Where a stop leaves its note for the kernel (``workers/stops.py``); None: no notes.
+        self.notes_dir = notes_dir
         self._kernel_pid = kernel_pid
         #: Called with the env ids a report shows tasks ran in since the last one: a use.
         self._used = used
@@ -219,9 +224,10 @@ class KernelReports:
         for kernel_id in [k for k in self._reports if k not in running]:
             self.drop(kernel_id)
 
-    def stop_worker(self, kernel_id: str, pid: int) -> None:
+    def stop_worker(self, kernel_id: str, pid: int, by: str | None = None) -> None:
         """Kill worker ``pid`` of kernel ``kernel_id``: it must be in the kernel's last report
-        and, where ``/proc`` tells, a child of the kernel's process. ``LookupError`` if not."""
+        and, where ``/proc`` tells, a child of the kernel's process. ``LookupError`` if not.
+        The kernel is told it was stopped from the sidebar (by user ``by``), not killed."""
         report = self._reports.get(kernel_id)
         reported = report is not None and any(
             w["pid"] == pid for pool in report["pools"] for w in pool["workers"]
@@ -236,10 +242,20 @@ class KernelReports:
             raise LookupError(f"kernel {kernel_id} has no local process: cannot check pid {pid}")
         if parent not in (kernel_pid, -1):  # -1: no /proc to tell
             raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}")
+        if self.notes_dir is not None:
+            with contextlib.suppress(OSError):  # without its note it reads as a SIGKILL
+                stops.leave(self.notes_dir, pid, stopped_reason(by))
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
+            if self.notes_dir is not None:
+                stops.withdraw(self.notes_dir, pid)
             raise LookupError(f"no process {pid}: the worker has already stopped") from None
+
+
+def stopped_reason(by: str | None) -> str:
+    """What the kernel says of a worker stopped from the sidebar (after "worker pid N")."""
+    return f"was stopped from the sidebar by {by}" if by else "was stopped from the sidebar"
 
 
 def _moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:

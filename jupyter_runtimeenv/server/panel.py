@@ -118,6 +118,16 @@ class PanelHandler(RuntimeEnvHandler):
             if s.get("kernel")
         }
 
+    def user_name(self) -> str | None:
+        """Who sent this request as people know them; None for an anonymous user (token
+        only: jupyter_server makes up a uuid and a moon's name for each browser)."""
+        user = self.current_user
+        username = getattr(user, "username", None)
+        if not isinstance(username, str) or re.fullmatch(r"[0-9a-f]{32}", username):
+            return None
+        name = getattr(user, "display_name", None) or getattr(user, "name", None)
+        return str(name or username)
+
     def kernel_id_checked(self, kernel_id: str) -> str:
         if kernel_id not in self.panel_host.running_kernels():
             raise web.HTTPError(404, f"no running kernel {kernel_id}")
@@ -281,8 +291,9 @@ class WorkerHandler(PanelHandler):
     async def delete(self, kernel_id: str, pid: str) -> None:
         """Stop one worker a running kernel reported (its pool sees it die)."""
         self.kernel_id_checked(kernel_id)
+        reports = self.panel_host.kernel_reports
         try:
-            await asyncio.to_thread(self.panel_host.kernel_reports.stop_worker, kernel_id, int(pid))
+            await asyncio.to_thread(reports.stop_worker, kernel_id, int(pid), self.user_name())
         except LookupError as exc:
             self.fail(404, "WorkerNotFound", str(exc))
             return

@@ -36,7 +36,7 @@ import cloudpickle
 
 from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
-from . import lifeline, protocol, zygote
+from . import lifeline, protocol, stops, zygote
 from ._entry import ORPHANED, STDIO_BROKEN
 from ._serve import PRELOAD_SECONDS
 from .channel import Channel, prepare_socket
@@ -473,6 +473,10 @@ class WorkerProcess:
         if not self.ready:
             return self._startup_error(f"exited ({_describe_exit(code)}) before it was ready")
         running = f" while running {self.task.name}" if self.task is not None else ""
+        # Killed by someone who said why (the sidebar's Stop): their words, not SIGKILL's.
+        note = stops.take(self.pid) if code == -signal.SIGKILL else None
+        if note is not None:
+            return BrokenWorker(f"worker pid {self.pid} {note}{running}")
         return BrokenWorker(f"worker pid {self.pid} died{running}: {_describe_exit(code)}")
 
     def _startup_error(self, what: str) -> WorkerError:

@@ -224,6 +224,52 @@ async def test_a_kernels_workers_are_reported_stopped_and_dropped_with_the_kerne
     assert (await call(jp_fetch, "GET", "kernels"))["kernels"] == []
 
 
+STUCK = """
+@remote
+def stuck():
+    time.sleep(600)
+busy = stuck.remote()
+"""
+
+OUTCOME = """
+try:
+    busy.result(timeout=60)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+async def test_a_worker_stopped_from_the_sidebar_is_said_to_be_stopped_not_killed(
+    jp_fetch: Any, jp_serverapp: Any
+) -> None:
+    # Issue 21 item 11: its task's error read "killed by signal 9 (SIGKILL)", like the OOM
+    # killer's work.
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def listener(logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        events.put_nowait(data)
+
+    jp_serverapp.event_logger.add_listener(schema_id=WORKERS_SCHEMA_ID, listener=listener)
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    await run(jp_serverapp, kernel_id, WORK)
+    await run(jp_serverapp, kernel_id, STUCK)
+
+    def busy_pid(event: dict[str, Any]) -> int | None:
+        workers = [w for p in event.get("pools", []) for w in p["workers"]]
+        return next((w["pid"] for w in workers if w["busy"]), None)
+
+    pid = busy_pid(await next_report(events, lambda e: busy_pid(e) is not None))
+    assert pid is not None
+    await call(jp_fetch, "DELETE", "kernels", kernel_id, "workers", str(pid))
+    out = (await run(jp_serverapp, kernel_id, OUTCOME)).strip()
+    assert out == f"BrokenWorker worker pid {pid} was stopped from the sidebar while running stuck"
+    # The note was taken: nothing is left for a later pid of the same number.
+    notes = jp_serverapp.web_app.settings["jupyter_runtimeenv"].kernel_reports.notes_dir
+    assert notes is not None
+    assert os.listdir(notes) == []
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
