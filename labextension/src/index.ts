@@ -5,6 +5,7 @@
  * (``notebook.ts``) and keep finished widgets readable (``outputs.ts``).
  */
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -42,13 +43,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Runtime environments: a sidebar and notebooks that carry their env.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry, ILabShell],
   activate: async (
     app: JupyterFrontEnd,
     notebooks: INotebookTracker,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    labShell: ILabShell | null
   ) => {
     const transport = new ServerTransport(app.serviceManager.serverSettings);
     const model = new RuntimeEnvModel({ transport });
@@ -140,7 +142,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       }
     });
-    for (const command of [CommandIDs.open, CommandIDs.refresh, CommandIDs.save]) {
+    // Notebook 7 (no ILabShell) lists 'Show <caption>' for every side panel itself: a second
+    // entry of ours would list the panel twice.
+    const listed = labShell ? [CommandIDs.open] : [];
+    for (const command of [...listed, CommandIDs.refresh, CommandIDs.save]) {
       palette?.addItem({ command, category: 'Runtime Environments' });
     }
 
