@@ -14,6 +14,8 @@ from collections.abc import Callable
 import pytest
 from labserver import Lab, Page, needs_browser, notebook, open_panel, toast
 
+from tests.processes import descendants, wait_gone
+
 pytest.importorskip("distributed")
 pytestmark = needs_browser()
 
@@ -26,13 +28,18 @@ def cells(node_root: str) -> list[str]:
         "cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,"
         " processes=True, host='127.0.0.1', dashboard_address='127.0.0.1:0')\n"
         "client = distributed.Client(cluster)\n"
-        f"jre.init(executor=DaskExecutor(client, node_cache_dir={node_root!r} + '/node-{{name}}'))",
+        f"executor = DaskExecutor(client, node_cache_dir={node_root!r} + '/node-{{name}}')\n"
+        "jre.init(executor=executor)",
         "%runtime_env --env-var K=cluster --no-widget",
         "@remote\n"
         "def where(i):\n"
         "    import os\n"
         "    return os.environ['K']\n"
         "print('ran', get([where.remote(i) for i in range(8)]))",
+        # The end (run by the test): nothing of the cluster outlives the kernel's cell.
+        "from jupyter_runtimeenv import api\n"
+        "api.shutdown(); executor.shutdown(); client.close(); cluster.close()\n"
+        "print('cluster closed')",
     ]
 
 
@@ -48,7 +55,11 @@ def test_a_kernels_cluster_shows_its_nodes_envs_and_workers(
     page = view.page
     panel = open_panel(view, lab)
     view.open_notebook(lab, "dask.ipynb", goto=False)
-    view.command("notebook:run-all-cells", wait=False)
+    for i in range(4):
+        view.page.evaluate(
+            "i => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", i
+        )
+        view.command("notebook:run-cell-and-select-next", wait=False)
     expect(page.locator(".jp-OutputArea-output").filter(has_text="ran ['cluster'")).to_have_count(
         1, timeout=240_000
     )
@@ -88,6 +99,14 @@ def test_a_kernels_cluster_shows_its_nodes_envs_and_workers(
     expect(toast(page, re.compile(r"GC on 2 nodes of dask\.ipynb"))).to_be_visible(timeout=60_000)
     view.theme("JupyterLab Light")
     view.shot("03-after-stop-and-gc-light", panel)
+
+    # The cluster closed, then the kernel shut down: no process of either is left.
+    started = descendants(lab.proc.pid)
+    page.evaluate("() => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = 4; }")
+    view.command("notebook:run-cell", wait=False)
+    closed = page.locator(".jp-OutputArea-output").filter(has_text="cluster closed")
+    expect(closed).to_have_count(1, timeout=120_000)
     for kernel in lab.request("GET", "api/kernels"):
         lab.request("DELETE", f"api/kernels/{kernel['id']}")
+    assert wait_gone(started, timeout=60) == []
     assert not view.errors, view.errors
