@@ -180,7 +180,7 @@ def test_named_envs_grouped_by_notebook_busy_workers_and_holders_that_follow_ker
     )
     view.theme("JupyterLab Light")
     view.shot("10-after-shutdown-light", panel)
-    assert not view.errors, view.errors
+    assert not view.own_errors(), view.own_errors()
 
 
 def test_save_environment_to_notebook_and_the_badge_on_reopen(
