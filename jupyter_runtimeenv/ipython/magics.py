@@ -305,6 +305,8 @@ class RuntimeEnvMagics(Magics):
         except BuildError as exc:
             # The widget, or the streamed lines, showed the output: the error says it once.
             streamed = widget or isinstance(client, EmbeddedClient)
+            if not widget and not isinstance(client, EmbeddedClient):
+                _offer_log(exc)  # the server has the log: one click opens it (the widget's too)
             raise UsageError(_build_failed(exc, name, with_tail=not streamed)) from None
         except RuntimeEnvError as exc:
             raise UsageError(f"runtime_env: {exc}") from None
@@ -438,6 +440,35 @@ def _named(name: str) -> RuntimeEnvSpec | None:
         return session.lookup(name)
     except SpecError:
         return None
+
+
+def _offer_log(exc: BuildError) -> None:
+    """A "View log" link above a failed build's error, for a build of the server's agent: the
+    JupyterLab extension opens the whole log in a tab (``runtimeenv:view-log``); elsewhere the
+    text form names the log's path."""
+    import html
+    import json
+
+    import IPython.display
+
+    display: Any = IPython.display.display  # untyped
+    if not exc.env_id:
+        return
+    args = html.escape(json.dumps({"env_id": exc.env_id}), quote=True)
+    where = f" at {html.escape(exc.where)}" if exc.where else ""
+    link = (
+        f'<a href="#" data-commandlinker-command="runtimeenv:view-log"'
+        f' data-commandlinker-args="{args}" title="Open the whole build log"'
+        ' style="color:var(--jp-content-link-color, #1976d2)">View log</a>'
+    )
+    text = f"the build of {exc.env_id[:12]} failed{where}"
+    display(
+        {
+            "text/html": f"<span>{html.escape(text)} &middot; {link}</span>",
+            "text/plain": f"{text}; the whole log: {exc.log_path}" if exc.log_path else text,
+        },
+        raw=True,
+    )
 
 
 def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
