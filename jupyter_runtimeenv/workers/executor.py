@@ -164,7 +164,7 @@ class LocalExecutor(Executor):
         # shared memory now, so changing an argument after .remote() changes nothing.
         call = prepare_call(0, function, args, kwargs, name, driver_arena())
         task = Task.of(call, future, OutputTarget.capture(name), affinity)
-        here = os.getcwd()  # beside the notebook: where files_out go
+        here = os.getcwd() if files_out else ""  # beside the notebook: where files_out go
         chosen: list[Pool] = []
         future.add_finisher(lambda: _report_files(chosen[-1], task, files_out, here))
         try:

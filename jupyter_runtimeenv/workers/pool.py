@@ -386,9 +386,9 @@ class Pool:
                 self._refill(idle)  # back among the idle if nothing was for it
                 if idle.held:
                     handoff.append(idle)
-            if worker.preloading:
+            if worker.preloading and not self._closing:
                 # It died (or hung) importing what the pool learned: the next one starts
-                # without it rather than the same way.
+                # without it rather than the same way. (Stopped by close(): no failure.)
                 log.warning("worker pid %s failed to preload the pool's imports", worker.pid)
                 self.habits.stop_learning()
             elif not worker.ready and not any(w.ready for w in self._workers):

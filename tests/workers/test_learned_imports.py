@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import sys
 import time
@@ -87,3 +88,38 @@ def test_a_worker_that_dies_preloading_turns_learning_off(
     assert second != first
     assert found == [False]
     assert not pool.habits.learn_imports
+
+
+def test_closing_a_pool_while_a_worker_preloads_is_no_preload_failure(
+    make_pool: MakePool, ctx: EnvContext, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool closed while its new worker still imports the learned list (the first worker
+    finished the work meanwhile) stops that worker: not a failure to preload."""
+    packages = tmp_path / "lib" / "site-packages"
+    packages.mkdir(parents=True)
+    slow = tmp_path / "slow now"
+    importing = tmp_path / "importing"
+    (packages / "slow_on_import.py").write_text(
+        "import os, time\n"
+        f"if os.path.exists({str(slow)!r}):\n"
+        f"    open({str(importing)!r}, 'w').close()\n"
+        "    time.sleep(60)\n"
+    )
+    paths = (*ctx.driver_sys_path, str(packages))
+    pool = make_pool(dataclasses.replace(ctx, driver_sys_path=paths), max_workers=2)
+    submit(pool, import_modules, ["slow_on_import"], str(packages)).result(60)
+    slow.write_text("yes")
+    trigger = tmp_path / "trigger"
+    trigger.write_text("hold")
+    busy = submit(pool, hold, str(trigger))
+    waiting = submit(pool, imported, ["slow_on_import"])  # a second worker starts for it
+    deadline = time.monotonic() + 60
+    while not importing.exists():
+        assert time.monotonic() < deadline, "the second worker never preloaded"
+        time.sleep(0.01)
+    with caplog.at_level(logging.WARNING, logger="jupyter_runtimeenv.workers.pool"):
+        pool.close()
+    assert busy.cancelled()
+    assert waiting.cancelled()
+    assert "failed to preload" not in caplog.text
+    assert pool.habits.learn_imports
