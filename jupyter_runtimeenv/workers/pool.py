@@ -557,9 +557,10 @@ class Pool:
         if self.ctx is None or self.state is PoolState.CLOSED:
             return None
         general = self._general()
+        if len(general) >= self.max_workers:
+            return None  # first: a burst of calls on a full pool must not count the queue
         starting = sum(1 for w in general if not w.ready)
-        queued = sum(1 for t in self._queue if t.affinity is None)
-        if starting >= queued or len(general) >= self.max_workers:
+        if starting >= sum(1 for t in self._queue if t.affinity is None):
             return None
         worker = WorkerProcess(self.ctx, self)
         self._workers.add(worker)
