@@ -9,7 +9,6 @@ that names the field; no traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -24,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .agent import RuntimeEnvAgent
 
-# The agent, the spec parser and the errors (cloudpickle) are imported once the arguments
+# The agent, the spec parser, the errors (cloudpickle) and asyncio are imported once the arguments
 # are parsed: ``--help`` and usage errors answer at once, and every command pays only for
-# what it runs (tests/server/test_import_budget.py keeps it so).
+# what it runs (tests/ipython/test_import_budget.py keeps it so).
 
 CLI_HOLDER = "cli"
 
@@ -121,6 +120,8 @@ def _human(n: float) -> str:
 async def _run_until_signal(args: argparse.Namespace) -> int:
     """``_run``, cancelled by SIGTERM or SIGHUP: the agent stops (builds cancelled, their
     process groups killed), then the command exits 128 + the signal's number."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -152,6 +153,12 @@ async def _run_until_signal(args: argparse.Namespace) -> int:
         LIVE.kill_all()  # a net: run() kills its group when cancelled
 
 
+async def _to_thread(func: Any, *args: Any) -> Any:
+    import asyncio  # loaded already: the command runs in asyncio.run
+
+    return await asyncio.to_thread(func, *args)
+
+
 async def _run(args: argparse.Namespace) -> int:
     from .agent import RuntimeEnvAgent
 
@@ -176,7 +183,7 @@ async def _run(args: argparse.Namespace) -> int:
             evicted = await agent.gc(args.max_bytes)
             for item in evicted:
                 print(f"evicted {item['uri']} ({_human(item['size'])})")
-            total = await asyncio.to_thread(agent.cache.total_bytes)
+            total = await _to_thread(agent.cache.total_bytes)
             print(f"{len(evicted)} evicted; cache now {_human(total)}")
             return 0
         if args.command == "rm":
@@ -188,7 +195,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
-    spec = await asyncio.to_thread(agent.parse, _spec_input(args.spec))
+    spec = await _to_thread(agent.parse, _spec_input(args.spec))
     if not args.json and not args.quiet:
 
         def show(event: Any) -> None:
@@ -267,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "kernelspec":
             return _install_kernelspec(args)
+        import asyncio
+
         return asyncio.run(_run_until_signal(args))
     except SpecError as exc:
         print(f"error: invalid spec: {exc}", file=sys.stderr)

@@ -152,7 +152,7 @@ def test_the_cli_parses_without_the_agent(argv: list[str]) -> None:
         "from jupyter_runtimeenv import cli\n"
         f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('jupyter_runtimeenv.agent.agent', 'yaml', 'psutil', 'filelock',"
-        " 'jupyter_runtimeenv.spec.parse') if m in sys.modules]\n"
+        " 'asyncio', 'jupyter_runtimeenv.spec.parse') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     done = subprocess.run(
