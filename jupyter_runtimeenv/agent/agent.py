@@ -35,6 +35,7 @@ from .build import EnvLog
 from .cache import Cache
 from .events import Event, EventBus, Listener
 from .limits import Limiter
+from .parsing import DEFAULT_MAX_PARSES, DEFAULT_PARSE_TIMEOUT, ParseRunner
 from .private import describe
 from .resources import ResourceJob, Resources
 from .state import EnvRecord, EnvState, EnvStateMachine, Transition
@@ -69,6 +70,8 @@ class RuntimeEnvAgent:
         registry: PluginRegistry | None = None,
         failure_ttl: float = 30.0,
         policy: SpecPolicy = TRUSTED,
+        parse_timeout: float | None = DEFAULT_PARSE_TIMEOUT,
+        max_concurrent_parses: int = DEFAULT_MAX_PARSES,
     ) -> None:
         self._cache_dir = cache_dir
         self.policy = policy
@@ -76,6 +79,8 @@ class RuntimeEnvAgent:
         self.build_timeout = build_timeout
         self.registry = registry or default_registry()
         self.limiter = Limiter(max_concurrent_installs, max_concurrent_downloads)
+        #: Where specs are parsed from a loop: daemon threads, bounded in number and time.
+        self.parses = ParseRunner(max_concurrent_parses, parse_timeout)
         self.events = EventBus()
         self._machine = EnvStateMachine(failure_ttl)
         self._cache: Cache | None = None
@@ -139,6 +144,11 @@ class RuntimeEnvAgent:
         (may hash files): use a thread on a loop."""
         return parse(data, registry=self.registry, policy=policy or self.policy)
 
+    async def parse_async(self, data: Any, *, policy: SpecPolicy | None = None) -> RuntimeEnvSpec:
+        """``parse`` from a loop: in a parse thread (``ParseRunner``), ``SpecError`` past the
+        agent's ``parse_timeout``."""
+        return await self.parses.run(self.parse, data, policy=policy)
+
     async def ensure(
         self, spec: RuntimeEnvSpec, holder: str, *, retry: bool = False
     ) -> dict[str, Any]:
@@ -196,7 +206,7 @@ class RuntimeEnvAgent:
     ) -> EnvContext:
         """Build ``spec`` if needed (once, whoever else asks) and return its context."""
         if not isinstance(spec, RuntimeEnvSpec):
-            spec = await asyncio.to_thread(self.parse, spec)
+            spec = await self.parse_async(spec)
         status = await self.ensure(spec, holder, retry=retry)
         return await self.wait(status["env_id"])
 

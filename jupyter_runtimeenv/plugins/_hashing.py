@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
+from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
 from ..spec.patterns import PatternError, PatternList, check_list
 from . import _blobs, _statcache, _watch
 
@@ -150,36 +151,29 @@ def _hash_one(
     if known is not None:
         return known
     started = time.time_ns()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # Opened non-blocking and checked on the descriptor (the file stat'ed, regular), then
+    # read for exactly its size: a FIFO swapped in, /proc or a file being written is a
+    # BadFile, never a hang or an endless read.
+    fd = open_regular(path, st)
     try:
         if st.st_size <= WHOLE_MAX:
-            data = _read_whole(fd, st.st_size)
+            data = b"".join(exact_chunks(fd, path, st.st_size, st.st_size or 1))
             sha = hashlib.sha256(data).hexdigest()
             if store is not None:
                 _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
         else:
-            sha = _hash_chunks(fd, store, mode)
+            sha = _hash_chunks(fd, path, st.st_size, store, mode)
     finally:
         os.close(fd)
     _statcache.record(path, st, sha, started)
     return sha
 
 
-def _read_whole(fd: int, size: int) -> bytes:
-    data = os.read(fd, size + 1)  # one more: a file that grew is read to its end
-    if len(data) <= size:
-        return data
-    parts = [data]
-    while chunk := os.read(fd, _CHUNK):
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _hash_chunks(fd: int, store: str | None, mode: int) -> str:
+def _hash_chunks(fd: int, path: str, size: int, store: str | None, mode: int) -> str:
     digest = hashlib.sha256()
     sink = _blobs.BlobSink(store, mode) if store is not None else None
     try:
-        while chunk := os.read(fd, _CHUNK):
+        for chunk in exact_chunks(fd, path, size, _CHUNK):
             digest.update(chunk)
             if sink is not None:
                 sink.write(chunk)
@@ -339,10 +333,12 @@ def hash_tree(
     watch = _watch.watch(root)
     walk = _Walk(root, limit, field, hint, watch.add if watch is not None else None)
     try:
-        if os.path.isfile(root):
+        st = os.stat(root)
+        if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+            raise BadFile(f"{root} is {kind_of_mode(st.st_mode)}, not a file or a directory")
+        if stat.S_ISREG(st.st_mode):
             if watch is not None:
                 watch.add(os.path.dirname(root))
-            st = os.stat(root)
             walk.linked = st.st_nlink > 1 or os.path.islink(root)
             walk.file(prefix or os.path.basename(root), root, st)
         else:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, SpecError
+from ..spec.files import MAX_TEXT_BYTES
 from ..spec.ray import gcs_uri_reason
 from .base import BuildContext
 
@@ -178,7 +179,15 @@ def stat(uri: str, field: str) -> tuple[str, int]:
         raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
     if info.get("type") == "directory":
         raise SpecError(field, f"{redact(uri)}: is a directory; give an archive (.zip, .tar.gz)")
+    _check_file(info, uri, field)
     return version_of(info), int(info.get("size") or 0)
+
+
+def _check_file(info: dict[str, Any], uri: str, field: str) -> None:
+    # file:// (and any protocol that says so) can name a FIFO or a device: never read one.
+    kind = info.get("type")
+    if kind not in (None, "file"):
+        raise SpecError(field, f"{redact(uri)}: is {kind!s:.40}, not a regular file")
 
 
 def digest_of(uri: str, tag: str) -> str:
@@ -192,10 +201,22 @@ def read_text(uri: str, field: str) -> str:
         raise SpecError(field, ray_gcs)
     try:
         fs, path = _filesystem(uri)
-        data: bytes = fs.cat_file(path)
+        info = fs.info(path)
     except Exception as exc:
         _forget_instances()
         raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
+    _check_file(info, uri, field)
+    size = int(info.get("size") or 0)
+    if size > MAX_TEXT_BYTES:
+        raise SpecError(field, f"{redact(uri)}: {size} bytes; at most {MAX_TEXT_BYTES} are read")
+    try:
+        with fs.open(path, "rb") as f:
+            data: bytes = f.read(MAX_TEXT_BYTES + 1)
+    except Exception as exc:
+        _forget_instances()
+        raise SpecError(field, f"{redact(uri)}: {describe_error(exc)}") from None
+    if len(data) > MAX_TEXT_BYTES:
+        raise SpecError(field, f"{redact(uri)}: more than {MAX_TEXT_BYTES} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import shlex
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -36,6 +35,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from ..errors import SpecError
+from ..spec import files
 from ..spec.paths import resolve_path
 from . import _remote
 
@@ -201,9 +201,9 @@ def _read_file(path: str, field: str) -> list[tuple[str, str]]:
         return _lines(_remote.read_text(path, field).splitlines(), field, base)
     full = resolve_path(path)
     try:
-        text = Path(full).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(field, f"cannot read requirements file {full}: {exc.strerror}") from None
+        text = files.read_text(full, what="requirements file")
+    except files.BadFile as exc:
+        raise SpecError(field, str(exc)) from None
     return _lines(text.splitlines(), field, os.path.dirname(full))
 
 

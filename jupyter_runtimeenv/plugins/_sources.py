@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BuildError, SpecError
+from ..spec.files import BadFile
 from ..spec.paths import resolve_path
 from ..spec.patterns import PatternError
 from ..spec.ray import gcs_uri_reason
@@ -191,14 +192,17 @@ def _digest(
         size = os.path.getsize(location)
         if size > limit:
             raise SpecError(field, f"{location} is {_mb(size)}, over the limit of {_mb(limit)}")
-        return f"{kind}:{hash_file(location)}"
+        try:
+            return f"{kind}:{hash_file(location)}"
+        except BadFile as exc:  # a FIFO named app.zip, a device: never read
+            raise SpecError(field, str(exc)) from None
     # One pass: what is read to hash it goes into the store of this process's agent, so
     # that the build only links (see ``_store.attach``).
     try:
         tree = tree_of(
             location, excludes, keep_name, limit=limit, field=field, store=default_store()
         )
-    except PatternError as exc:  # a .gitignore past its bounds
+    except (PatternError, BadFile) as exc:  # a .gitignore past its bounds, a FIFO, /proc
         raise SpecError(field, str(exc)) from None
     _trees[tree.digest] = tree
     while len(_trees) > 16:

@@ -27,6 +27,7 @@ import yaml
 
 from ..context import ContextBuilder
 from ..errors import BuildError, SpecError
+from ..spec import files
 from ..spec.model import sha256_of
 from ..spec.paths import resolve_path
 from . import _rattler, _remote
@@ -268,9 +269,8 @@ def _parse_yaml(text: str, where: str) -> Any:
 
 def _load_yaml(path: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except OSError as exc:
-        raise SpecError("", f"cannot read {path}: {exc.strerror}") from None
+        return yaml.safe_load(files.read_text(path, what="environment file"))
+    except files.BadFile as exc:
+        raise SpecError("", str(exc)) from None
     except yaml.YAMLError as exc:
         raise SpecError("", f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None

@@ -41,6 +41,7 @@ from traitlets import Float, Int, List, Unicode
 from ..agent import RuntimeEnvAgent
 from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.events import Event
+from ..agent.parsing import DEFAULT_MAX_PARSES, DEFAULT_PARSE_TIMEOUT
 from ..agent.pgroups import LIVE
 from ..client import TOKEN_ENV_VAR, URL_ENV_VAR
 from ..errors import CacheUnavailable
@@ -142,6 +143,17 @@ class RuntimeEnvExtension(ExtensionApp):
         config=True,
         help="The largest request body (a spec) the REST API accepts, in bytes: 413 beyond.",
     )
+    parse_timeout = Float(
+        DEFAULT_PARSE_TIMEOUT,
+        allow_none=True,
+        config=True,
+        help="Seconds a request may wait for its spec to be parsed (reading the files it names,"
+        " hashing its directories) before a 400; None: no bound. Parses run in threads of"
+        " their own, never holding the server's shutdown.",
+    )
+    max_concurrent_parses = Int(
+        DEFAULT_MAX_PARSES, config=True, help="Specs that may be parsed at once (in threads)."
+    )
     kernel_sweep_interval = Float(
         10.0,
         config=True,
@@ -168,6 +180,8 @@ class RuntimeEnvExtension(ExtensionApp):
             max_concurrent_installs=self.max_concurrent_installs,
             max_concurrent_downloads=self.max_concurrent_downloads,
             build_timeout=self.build_timeout,
+            parse_timeout=self.parse_timeout,
+            max_concurrent_parses=self.max_concurrent_parses,
             # Requests reach this agent over REST (browsers, kernels): trusted to build only.
             policy=SpecPolicy.untrusted(self.allowed_plugins or ()),
         )

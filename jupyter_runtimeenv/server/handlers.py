@@ -245,7 +245,7 @@ class EnvsHandler(RuntimeEnvHandler):
             self.fail(400, "SpecError", "the body must be a JSON object (a spec)", field="")
             return
         # Under the agent's policy: the server's agent trusts a request to build, not to run.
-        spec = await self.run(asyncio.to_thread(agent.parse, data))
+        spec = await self.run(agent.parse_async(data))
         known = await agent.knows(spec.env_id)
         self.host.note_holder(holder)
         await agent.ensure(spec, holder, retry=self.flag("retry"))

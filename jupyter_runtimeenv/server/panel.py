@@ -215,7 +215,7 @@ class RebuildHandler(PanelHandler):
         if env["state"] in ("PENDING", "BUILDING"):
             self.fail(409, "EnvBusy", f"environment {env_id} is building already")
             return
-        spec = await self.run(asyncio.to_thread(agent.parse, env["spec"]))
+        spec = await self.run(agent.parse_async(env["spec"]))
         holders = [h for h in env.get("holders", []) if h != REBUILD_HOLDER]
         if env["state"] == "READY":
             others = [h for h in holders if h != self.holder()]
@@ -325,7 +325,7 @@ class KernelNotebookEnvHandler(PanelHandler):
         specs = [("", meta["spec"])] if "spec" in meta else []
         specs += [(f"named.{n}", e["spec"]) for n, e in meta.get("named", {}).items()]
         for field, spec in specs:  # each readable here again, or the error names its field
-            await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir, field))
+            await self.run(agent.parses.run(_parse_in, agent, spec, notebook_dir, field))
         await self.reply(meta)
 
 
@@ -408,7 +408,7 @@ class NotebookEnvHandler(PanelHandler):
         self, agent: Any, spec: dict[str, Any], notebook_dir: str, field: str
     ) -> dict[str, Any]:
         where = "" if field == "spec" else field
-        parsed = await self.run(asyncio.to_thread(_parse_in, agent, spec, notebook_dir, where))
+        parsed = await self.run(agent.parses.run(_parse_in, agent, spec, notebook_dir, where))
         want = _core(parsed.to_json())
         found: dict[str, Any] | None = None
         # Only envs with the same field names (plus the driver's) can match: their specs are

@@ -15,6 +15,7 @@ import yaml
 from ..errors import SpecError
 from ..plugins.base import RuntimeEnvPlugin
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
+from . import files
 from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
 from .patterns import MAX_PATTERN_CHARS, MAX_PATTERNS
@@ -90,9 +91,9 @@ def check_plain(data: Any, max_depth: int) -> None:
 def load_spec_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML or JSON spec file; ``SpecError`` naming the file otherwise."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("", f"cannot read spec file {str(path)!r}: {exc.strerror or exc}") from exc
+        text = files.read_text(str(path), what="spec file")
+    except files.BadFile as exc:
+        raise SpecError("", str(exc)) from None
     try:
         loaded = loads_strict(text) if path.suffix == ".json" else yaml.safe_load(text)
     except RecursionError:

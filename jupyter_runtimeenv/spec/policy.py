@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import PluginNotFound, SpecError
+from .files import BadFile, read_head
 
 __all__ = [
     "TRUSTED",
@@ -167,10 +168,9 @@ def interpreter_problem(path: str) -> str | None:
         if _INTERPRETER_NAME.fullmatch(name) is None:
             return f"{name!r} is not the name of a Python interpreter (python, python3.X, pypy3)"
     try:
-        with open(real, "rb") as f:
-            head = f.read(4)
-    except OSError as exc:
-        return f"cannot read it ({exc.strerror or exc})"
+        head = read_head(real, 4)
+    except BadFile as exc:
+        return str(exc)
     if not head.startswith(_BINARY_MAGIC):
         return "not a native executable (scripts are refused: their #! line could run anything)"
     if not (_has_stdlib(os.path.dirname(real)) or _in_venv(path)):

@@ -88,33 +88,55 @@ def alive(raw: Raw) -> Callable[[], Awaitable[None]]:
     return check
 
 
+ServerFactory = Callable[..., JupyterProcess]
+
+
 @pytest.fixture
-def server_process(tmp_path: Path, cache_dir: Path) -> Iterator[JupyterProcess]:
-    """A real ``jupyter server`` with the extension, in its own process (its root: ``tmp_path /
-    "root"``): for threats that would freeze a server in the test's own process (the GIL, its
-    event loop) or that need signals. Stopped (SIGTERM, then SIGKILL) after the test."""
+def make_server_process(tmp_path: Path, cache_dir: Path) -> Iterator[ServerFactory]:
+    """``make_server_process(*args, env={...})``: a real ``jupyter server`` with the extension,
+    in its own process (its root: ``tmp_path / "root"``), for threats that would freeze a
+    server in the test's own process (the GIL, its event loop, its executor) or that need
+    signals. The repository is on its ``PYTHONPATH`` (``tests.security.hostile`` plugins).
+    Every one is stopped (SIGTERM, then SIGKILL) after the test."""
     root = tmp_path / "root"
     root.mkdir()
-    env = {
-        **os.environ,
-        "JUPYTER_RUNTIMEENV_CACHE": str(cache_dir),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-    }
-    server = JupyterProcess(
-        "jupyter_server",
-        root,
-        tmp_path / "server.log",
-        env=env,
-        args=[
-            "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
-            f"--RuntimeEnvExtension.cache_dir={cache_dir}",
-        ],
-    )
+    servers: list[JupyterProcess] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> JupyterProcess:
+        repo = str(Path(__file__).resolve().parents[2])
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]).rstrip(":"),
+            "JUPYTER_RUNTIMEENV_CACHE": str(cache_dir),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+            **(env or {}),
+        }
+        server = JupyterProcess(
+            "jupyter_server",
+            root,
+            tmp_path / f"server-{len(servers)}.log",
+            env=full_env,
+            args=[
+                "--ServerApp.jpserver_extensions={'jupyter_runtimeenv': True}",
+                f"--RuntimeEnvExtension.cache_dir={cache_dir}",
+                *args,
+            ],
+        )
+        servers.append(server)
+        return server
+
     try:
-        yield server
+        yield make
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def server_process(make_server_process: ServerFactory) -> JupyterProcess:
+    """One server of ``make_server_process`` with the default settings."""
+    return make_server_process()
 
 
 def answers_within(server: JupyterProcess, path: str, seconds: float) -> int:
@@ -131,3 +153,23 @@ def answers_within(server: JupyterProcess, path: str, seconds: float) -> int:
         return exc.code
     except (TimeoutError, urllib.error.URLError) as exc:
         raise AssertionError(f"GET {path}: no answer within {seconds} s ({exc})") from None
+
+
+def request_within(
+    server: JupyterProcess, method: str, path: str, body: Any = None, *, seconds: float
+) -> tuple[int, Any]:
+    """(status, decoded JSON answer) of one request to ``path`` (from the server's base URL),
+    or an ``AssertionError`` if no answer comes within ``seconds``."""
+    request = urllib.request.Request(
+        server.url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"token {server.token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as response:
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except (TimeoutError, urllib.error.URLError) as exc:
+        raise AssertionError(f"{method} {path}: no answer within {seconds} s ({exc})") from None
