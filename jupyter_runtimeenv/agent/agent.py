@@ -41,6 +41,8 @@ from .resources import ResourceJob, Resources
 from .state import EnvRecord, EnvState, EnvStateMachine, Transition
 
 DEFAULT_MAX_CACHE_BYTES = 10 * 2**30
+#: A resource evicted between being found and being pinned is got again, this many times.
+_PIN_ATTEMPTS = 3
 
 Active = tuple[str, RuntimeEnvPlugin, Any]
 
@@ -477,6 +479,9 @@ class RuntimeEnvAgent:
             )
         finally:
             with contextlib.suppress(Exception):
+                # Pins end with the build (a READY env's record took them over already).
+                await asyncio.shield(asyncio.to_thread(cache.unpin_env, env_id))
+            with contextlib.suppress(Exception):
                 await asyncio.shield(log.flush())
             record = self._machine.get(env_id)
             if record is not None and record.state is EnvState.FAILED:
@@ -550,7 +555,7 @@ class RuntimeEnvAgent:
         self._step(env_id, step, status="running", uri=uri, label=label, started=time.time())
         status = "cancelled"
         try:
-            path, cached = await self._resources.need(job)
+            path, cached = await self._need_pinned(job)
             status = "cached" if cached else "done"
             return path
         except asyncio.CancelledError:
@@ -564,6 +569,23 @@ class RuntimeEnvAgent:
             raise
         finally:
             self._step(env_id, step, status=status, ended=time.time())
+
+    async def _need_pinned(self, job: ResourceJob) -> tuple[Path, bool]:
+        """The resource, referenced for this build from the moment it is chosen (found in
+        the cache or just built) until the build ends: a GC or a DELETE of another env that
+        used it, in this process or another, cannot remove it under the build. If it was
+        evicted between being found and being pinned, it is got again."""
+        cache = self.cache
+        for _ in range(_PIN_ATTEMPTS):
+            path, cached = await self._resources.need(job)
+            if await asyncio.to_thread(cache.pin, job.spec.env_id, job.uri):
+                return path, cached
+        raise BuildError(
+            f"the resource {job.uri[:200]} was evicted {_PIN_ATTEMPTS} times while this build"
+            " needed it (a GC running in a loop?); try again",
+            env_id=job.spec.env_id,
+            step=job.name,
+        )
 
     async def _evict(self, uri: str) -> bool:
         forgotten = await self._resources.evict(uri)

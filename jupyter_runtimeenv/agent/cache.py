@@ -3,7 +3,8 @@
 Layout of the root::
 
     index.sqlite          resources, envs, which env uses which resource, references,
-                          the process groups of running installers (see ``pgroups``)
+                          pins (resources a build in progress chose), the process groups
+                          of running installers (see ``pgroups``)
     resources/<plugin>/<key>/   one built resource (key: sha256 of its URI)
     tmp/<pid>-<random>/   builds in progress; renamed into resources/ when complete
     locks/<key>.lock      cross-process lock while a resource is built or evicted
@@ -56,6 +57,10 @@ CREATE TABLE IF NOT EXISTS env_resources (
 CREATE TABLE IF NOT EXISTS refs (
     env_id TEXT NOT NULL, holder TEXT NOT NULL, pid INTEGER NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (env_id, holder));
+CREATE TABLE IF NOT EXISTS pins (
+    uri TEXT NOT NULL, env_id TEXT NOT NULL,
+    owner_pid INTEGER NOT NULL, owner_started REAL NOT NULL,
+    PRIMARY KEY (uri, env_id, owner_pid));
 CREATE TABLE IF NOT EXISTS pgroups (
     pgid INTEGER NOT NULL, started REAL NOT NULL,
     owner_pid INTEGER NOT NULL, owner_started REAL NOT NULL,
@@ -226,6 +231,7 @@ class Cache:
         Returns the paths removed. Called once when an agent starts.
         """
         self.end_orphan_groups()
+        self.drop_dead_pins()
         removed: list[str] = []
         for entry in (self.root / "tmp").iterdir():
             pid_text = entry.name.split("-", 1)[0]
@@ -362,15 +368,55 @@ class Cache:
         ]
 
     def _referenced_uris(self) -> set[str]:
+        """URIs an env with a holder uses, or a build in progress chose (pinned)."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT DISTINCT er.uri FROM env_resources er JOIN refs r ON r.env_id = er.env_id"
+                " UNION SELECT uri FROM pins"
             ).fetchall()
         return {r[0] for r in rows}
+
+    # -- pins: what a build in progress chose ------------------------------------------------
+
+    def pin(self, env_id: str, uri: str) -> bool:
+        """Reference the resource ``uri`` for the build of ``env_id`` in this process, from
+        now until ``unpin_env`` (or ``record_env``): GC and DELETE (here or in another
+        process sharing the cache) leave it alone. False if the resource is gone already
+        (evicted since it was found: the build must get it again). Checked and recorded in
+        one transaction, so an eviction is either before (False) or refused after."""
+        owner_pid, owner_started = self_identity()
+        with self._tx() as db:
+            row = db.execute("SELECT path FROM resources WHERE uri = ?", (uri,)).fetchone()
+            if row is None or not Path(row[0]).is_dir():
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO pins VALUES (?, ?, ?, ?)",
+                (uri, env_id, owner_pid, owner_started),
+            )
+        return True
+
+    def unpin_env(self, env_id: str) -> None:
+        """The build of ``env_id`` in this process ended: its pins go."""
+        owner_pid, _ = self_identity()
+        with self._tx() as db:
+            db.execute("DELETE FROM pins WHERE env_id = ? AND owner_pid = ?", (env_id, owner_pid))
+
+    def drop_dead_pins(self) -> int:
+        """Forget the pins of builds whose process is gone (killed mid-build)."""
+        with self._lock:
+            owners = self._db.execute(
+                "SELECT DISTINCT owner_pid, owner_started FROM pins"
+            ).fetchall()
+        dead = [(pid, at) for pid, at in owners if not owner_alive(pid, at)]
+        if dead:
+            with self._tx() as db:
+                db.executemany("DELETE FROM pins WHERE owner_pid = ? AND owner_started = ?", dead)
+        return len(dead)
 
     def eviction_candidates(self, max_bytes: int) -> list[Evicted]:
         """Unreferenced resources, least recently used first, whose removal brings the cache
         to at most ``max_bytes``."""
+        self.drop_dead_pins()
         with self._lock:
             rows = self._db.execute(
                 "SELECT uri, plugin, path, size FROM resources ORDER BY last_used, created"
@@ -433,6 +479,8 @@ class Cache:
             )
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
             db.executemany("INSERT INTO env_resources VALUES (?, ?)", [(env_id, u) for u in uris])
+            # The env now uses its resources the usual way (and holds them while held).
+            db.execute("DELETE FROM pins WHERE env_id = ? AND owner_pid = ?", (env_id, os.getpid()))
 
     def link_resources(self, env_id: str, uris: Iterable[str]) -> None:
         """Record that env ``env_id`` also uses ``uris`` (resources made outside its build,
