@@ -23,6 +23,7 @@ import hashlib
 import os
 import threading
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "digest_of",
     "fetch",
     "is_remote",
+    "local_path",
     "read_text",
     "redact",
     "stat",
@@ -66,6 +68,17 @@ def is_remote(value: str) -> bool:
     """Whether ``value`` is a URI fsspec handles (any ``scheme://`` but http(s))."""
     scheme, sep, _ = value.partition("://")
     return bool(sep) and scheme.lower() not in _LOCAL_SCHEMES and scheme.isidentifier()
+
+
+def local_path(uri: str) -> str | None:
+    """The local path a ``file:`` (or fsspec ``local://``) URI names; None for the others."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("file", "local"):
+        return None
+    return urllib.request.url2pathname(parts.path) or "/"
 
 
 def redact(uri: str) -> str:

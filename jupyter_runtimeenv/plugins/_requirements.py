@@ -37,6 +37,7 @@ from packaging.utils import canonicalize_name
 from ..errors import SpecError
 from ..spec import files
 from ..spec.paths import resolve_path
+from ..spec.policy import current_policy
 from . import _remote
 
 KEYS = ("packages", "install_options", "pip_check")
@@ -47,6 +48,13 @@ PATH_OPTIONS = frozenset(
         *("-c", "--constraint", "-r", "--requirement", "-e", "--editable"),
         *("--override", "--overrides", "--build-constraint", "--build-constraints"),
         *("--cert", "--client-cert", "--src"),
+    }
+)
+#: Options whose file the installer reads as requirement lines.
+READ_OPTIONS = frozenset(
+    {
+        *("-r", "--requirement", "-c", "--constraint", "--override", "--overrides"),
+        *("--build-constraint", "--build-constraints"),
     }
 )
 #: Ray's names for our keys (``pip`` dict, ``uv`` dict), and Ray's keys we add.
@@ -110,6 +118,7 @@ def normalize(value: Any) -> dict[str, Any]:
             "expected a list of strings (installer arguments)",
         )
     options = absolute_options(options)
+    _check_install_options(options, value.get("_options_key", "install_options"))
     pip_check = value.get("pip_check", False)
     if not isinstance(pip_check, bool):
         raise SpecError(
@@ -117,7 +126,7 @@ def normalize(value: Any) -> dict[str, Any]:
         )
     if value.get("pip_version"):
         # Ray installs pip<pip_version> into the venv; so do we, as one more requirement.
-        lines = [*lines, ("pip_version", "pip" + value["pip_version"])]
+        lines = [*lines, ("pip_version", "pip" + value["pip_version"], "")]
     result = _mapping(lines, list(options), pip_check)
     if value.get("uv_version"):
         result["uv_version"] = value["uv_version"]
@@ -150,17 +159,22 @@ def _ray_keys(value: dict[Any, Any]) -> dict[str, Any]:
     return out
 
 
-def _mapping(lines: list[tuple[str, str]], options: list[str], pip_check: bool) -> dict[str, Any]:
+#: (field path, line, origin): origin is ``line 3 of /x/req.txt`` for a line read from a
+#: file, ``""`` for a line of the spec itself.
+Line = tuple[str, str, str]
+
+
+def _mapping(lines: list[Line], options: list[str], pip_check: bool) -> dict[str, Any]:
     option_lines: list[str] = []
-    requirements: dict[str, str] = {}
-    for field, line in lines:
+    requirements: dict[str, tuple[str, str]] = {}
+    for field, line, origin in lines:
         if line.startswith("-") or _is_path(line):
             if line not in option_lines:
                 option_lines.append(line)
         else:
-            requirements.setdefault(_canonical(line, field), field)
-    for requirement, field in requirements.items():
-        _guard(requirement, field)
+            requirements.setdefault(_canonical(line, field, origin), (field, origin))
+    for requirement, (field, origin) in requirements.items():
+        _guard(requirement, field, origin)
     return {
         "packages": option_lines + sorted(requirements),
         "install_options": options,
@@ -168,11 +182,13 @@ def _mapping(lines: list[tuple[str, str]], options: list[str], pip_check: bool) 
     }
 
 
-def _lines(items: list[Any], field: str, base: str | None) -> list[tuple[str, str]]:
-    """(field path, line) of each requirement line, with ``-r`` files inlined."""
-    out: list[tuple[str, str]] = []
+def _lines(items: list[Any], field: str, base: str | None, source: str = "") -> list[Line]:
+    """(field path, line, origin) of each requirement line, with ``-r`` files inlined;
+    ``source`` names the file ``items`` were read from."""
+    out: list[Line] = []
     for i, item in enumerate(items):
         where = f"{field}.{i}" if field else str(i)
+        origin = f"line {i + 1} of {source}" if source else ""
         if not isinstance(item, str):
             raise SpecError(where, f"expected a requirement string, got {_kind(item)}")
         line = _strip(item)
@@ -183,28 +199,60 @@ def _lines(items: list[Any], field: str, base: str | None) -> list[tuple[str, st
             target = rest.strip() if rest else line.split("=", 1)[1]
             out.extend(_read_file(_join(base, target), where))
         elif head in PATH_OPTIONS and rest.strip():
-            out.append((where, f"{head} {_path_value(base, rest.strip())}"))
+            value = _path_value(base, rest.strip())
+            _check_read_option(head, value, where)
+            out.append((where, f"{head} {value}", origin))
         elif head.split("=", 1)[0] in PATH_OPTIONS and "=" in head:
             name, value = line.split("=", 1)
-            out.append((where, f"{name}={_path_value(base, value.strip())}"))
+            value = _path_value(base, value.strip())
+            _check_read_option(name, value, where)
+            out.append((where, f"{name}={value}", origin))
         elif _is_path(line):
-            out.append((where, _join(base, line)))
+            out.append((where, _join(base, line), origin))
         else:
-            out.append((where, line))
+            out.append((where, line, origin))
     return out
 
 
-def _read_file(path: str, field: str) -> list[tuple[str, str]]:
+def _check_read_option(option: str, value: str, field: str) -> None:
+    """Files the installer reads as requirements (``-c constraints.txt``) are requirement
+    files too: under the server's policy, only below its root (an installer's error quotes
+    the lines it cannot parse, into a log the sender can read)."""
+    if option in READ_OPTIONS and not (value.startswith("file:") or "://" in value):
+        try:
+            current_policy().check_file(value, "requirements file")
+        except SpecError as exc:
+            raise exc.within(field) from None
+    elif option in READ_OPTIONS and value.startswith("file:"):
+        _check_local_uri(value, field)
+
+
+def _check_local_uri(uri: str, field: str) -> None:
+    local = _remote.local_path(uri)
+    if local is not None:
+        try:
+            current_policy().check_file(local, "requirements file")
+        except SpecError as exc:
+            raise exc.within(field) from None
+
+
+def _read_file(path: str, field: str) -> list[Line]:
     if _remote.is_remote(path):
         # Read now: its content (not its URI) enters the env id, so an edit rebuilds.
+        _check_local_uri(path, field)
         base = path.rsplit("/", 1)[0]
-        return _lines(_remote.read_text(path, field).splitlines(), field, base)
+        source = _remote.redact(path)
+        return _lines(_remote.read_text(path, field).splitlines(), field, base, source)
     full = resolve_path(path)
+    try:
+        current_policy().check_file(full, "requirements file")
+    except SpecError as exc:
+        raise exc.within(field) from None
     try:
         text = files.read_text(full, what="requirements file")
     except files.BadFile as exc:
         raise SpecError(field, str(exc)) from None
-    return _lines(text.splitlines(), field, os.path.dirname(full))
+    return _lines(text.splitlines(), field, os.path.dirname(full), full)
 
 
 def _strip(line: str) -> str:
@@ -249,6 +297,16 @@ def absolute_options(options: list[str], base: str | None = None) -> list[str]:
     return out
 
 
+def _check_install_options(options: list[str], field: str) -> None:
+    words = split_options(options)
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if eq and name in READ_OPTIONS:
+            _check_read_option(name, value, field)
+        elif word in READ_OPTIONS and i + 1 < len(words):
+            _check_read_option(word, words[i + 1], field)
+
+
 def _join(base: str | None, path: str) -> str:
     if path.startswith("file:") or _remote.is_remote(path):
         return path
@@ -260,11 +318,15 @@ def _join(base: str | None, path: str) -> str:
     return os.path.normpath(os.path.join(base, expanded)) if base else resolve_path(expanded)
 
 
-def _canonical(line: str, field: str) -> str:
+def _canonical(line: str, field: str, origin: str = "") -> str:
     try:
         req = Requirement(line)
     except InvalidRequirement as exc:
-        raise SpecError(field, f"{line!r} is not a valid requirement: {exc}") from None
+        if origin and not current_policy().quote_files:
+            # Over REST: never a file's content in the answer (packaging's message quotes it).
+            raise SpecError(field, f"{origin} is not a valid requirement") from None
+        where = f"{origin}: " if origin else ""
+        raise SpecError(field, f"{where}{line!r} is not a valid requirement: {exc}") from None
     text: str = canonicalize_name(req.name)
     if req.extras:
         text += "[" + ",".join(sorted(req.extras)) + "]"
@@ -286,8 +348,11 @@ def cloudpickle_floor() -> SpecifierSet:
     return SpecifierSet(">=3.0")
 
 
-def _guard(requirement: str, field: str) -> None:
+def _guard(requirement: str, field: str, origin: str = "") -> None:
     req = Requirement(requirement)
+    shown = (
+        origin if origin and not current_policy().quote_files else repr(requirement)
+    )  # a line of a file is named, not quoted, over REST
     name = canonicalize_name(req.name)
     if name == SELF:
         raise SpecError(
@@ -301,7 +366,7 @@ def _guard(requirement: str, field: str) -> None:
         if not any(p and p in floor and p in req.specifier for p in probes):
             raise SpecError(
                 field,
-                f"{requirement!r} would break the workers, which need cloudpickle{floor}"
+                f"{shown} would break the workers, which need cloudpickle{floor}"
                 " (they unpickle the tasks with it)",
             )
 

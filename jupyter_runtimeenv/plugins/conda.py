@@ -30,6 +30,7 @@ from ..errors import BuildError, SpecError
 from ..spec import files
 from ..spec.model import sha256_of
 from ..spec.paths import resolve_path
+from ..spec.policy import current_policy
 from . import _rattler, _remote
 from ._support import write_support
 from ._uv import installer_env, uv_bin
@@ -116,9 +117,14 @@ class CondaPlugin(RuntimeEnvPlugin):
     def validate(self, value: Any) -> str | dict[str, Any]:
         if isinstance(value, str):
             if value.endswith((".yml", ".yaml")) and _remote.is_remote(value):
+                local = _remote.local_path(value)
+                if local is not None:
+                    current_policy().check_file(local, "environment file")
                 return self._env_dict(_parse_yaml(_remote.read_text(value, ""), value))
             if value.endswith((".yml", ".yaml")):
-                return self._env_dict(_load_yaml(resolve_path(value)))
+                path = resolve_path(value)
+                current_policy().check_file(path, "environment file")
+                return self._env_dict(_load_yaml(path))
             if os.sep in value or value.startswith((".", "~")):
                 return resolve_path(value)
             if not _NAME.fullmatch(value):
@@ -259,11 +265,22 @@ def _remove_recorded(resource: Path) -> None:
     shutil.rmtree(prefix, ignore_errors=True)
 
 
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    """What is wrong, quoting the file only where the sender may read it: YAML's messages
+    carry an excerpt of the text, which over REST would hand the file's content over."""
+    if current_policy().quote_files:
+        return " ".join(str(exc).split())
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def _parse_yaml(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        reason = " ".join(str(exc).split())
+        reason = _yaml_reason(exc)
         raise SpecError("", f"{_remote.redact(where)} is not valid YAML: {reason}") from None
 
 
@@ -273,4 +290,4 @@ def _load_yaml(path: str) -> Any:
     except files.BadFile as exc:
         raise SpecError("", str(exc)) from None
     except yaml.YAMLError as exc:
-        raise SpecError("", f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise SpecError("", f"{path} is not valid YAML: {_yaml_reason(exc)}") from None

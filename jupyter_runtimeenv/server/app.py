@@ -183,7 +183,10 @@ class RuntimeEnvExtension(ExtensionApp):
             parse_timeout=self.parse_timeout,
             max_concurrent_parses=self.max_concurrent_parses,
             # Requests reach this agent over REST (browsers, kernels): trusted to build only.
-            policy=SpecPolicy.untrusted(self.allowed_plugins or ()),
+            # Requirements and environment files are read below the server's root only.
+            policy=SpecPolicy.untrusted(
+                self.allowed_plugins or (), files_root=self.server.root_dir
+            ),
         )
         self._start_lock: asyncio.Lock | None = None
         self._started = False

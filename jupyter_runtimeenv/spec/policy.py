@@ -84,15 +84,27 @@ class SpecPolicy:
     any_executable: bool = True
     #: How deep values may nest.
     max_depth: int = DEFAULT_MAX_DEPTH
+    #: Requirements, constraints and environment files must be inside this directory (the
+    #: server's root); None: anywhere.
+    files_root: str | None = None
+    #: Errors may quote what a file holds (a line that is not a requirement, a YAML error's
+    #: excerpt). Not over REST: the answer would hand a file's content to the sender.
+    quote_files: bool = True
 
     @classmethod
-    def untrusted(cls, allowed_plugins: Iterable[str] = ()) -> SpecPolicy:
+    def untrusted(
+        cls, allowed_plugins: Iterable[str] = (), *, files_root: str | None = None
+    ) -> SpecPolicy:
         """The policy of requests to the server's agent: ``allowed_plugins`` are the import
-        paths the operator lists (``RuntimeEnvExtension.allowed_plugins``)."""
+        paths the operator lists (``RuntimeEnvExtension.allowed_plugins``), ``files_root``
+        the server's root directory (requirements and environment files are read only
+        below it)."""
         return cls(
             import_plugins=False,
             allowed_plugins=frozenset(allowed_plugins),
             any_executable=False,
+            files_root=os.path.realpath(files_root) if files_root else None,
+            quote_files=False,
         )
 
     @property
@@ -116,6 +128,19 @@ class SpecPolicy:
             " point group 'jupyter_runtimeenv.plugins' and those the server's operator lists in"
             f" RuntimeEnvExtension.allowed_plugins may be named (allowed: {allowed})",
         )
+
+    def check_file(self, path: str, what: str) -> None:
+        """Refuse reading ``path`` (absolute) as a ``what`` (``requirements file``) unless it
+        resolves below ``files_root``; ``SpecError`` with an empty field (the caller nests)."""
+        if self.files_root is None:
+            return
+        real = os.path.realpath(path)
+        if real != self.files_root and not real.startswith(self.files_root.rstrip(os.sep) + os.sep):
+            raise SpecError(
+                "",
+                f"{path}: a {what} outside the server's root directory is not read for"
+                " requests to the server (the CLI, or an agent in your own process, reads it)",
+            )
 
     def check_executable(self, path: str) -> None:
         """Refuse ``path`` (absolute, found) as an interpreter unless this sender may run it;
