@@ -236,12 +236,15 @@ def read_text(uri: str, field: str) -> str:
         raise SpecError(field, f"{redact(uri)}: is not UTF-8 text") from None
 
 
-async def fetch(uri: str, dest: Path, expected: str, build: BuildContext) -> int:
-    """Download ``uri`` to ``dest`` if it still is the version ``expected`` (its digest)."""
+async def fetch(
+    uri: str, dest: Path, expected: str, build: BuildContext, *, limit: int | None = None
+) -> int:
+    """Download ``uri`` to ``dest`` if it still is the version ``expected`` (its digest);
+    ``BuildError`` past ``limit`` bytes."""
     async with build.limit("download"):
         cancel = threading.Event()
         try:
-            size = await build.to_thread(_download, uri, dest, expected, cancel)
+            size = await build.to_thread(_download, uri, dest, expected, cancel, limit)
         except asyncio.CancelledError:
             cancel.set()  # the thread stops at its next chunk
             raise
@@ -249,20 +252,30 @@ async def fetch(uri: str, dest: Path, expected: str, build: BuildContext) -> int
     return size
 
 
-def _download(uri: str, dest: Path, expected: str, cancel: threading.Event) -> int:
+def _download(
+    uri: str, dest: Path, expected: str, cancel: threading.Event, limit: int | None = None
+) -> int:
     try:
         fs, path = _filesystem(uri)
-        if digest_of(uri, version_of(fs.info(path))) != expected:
+        info = fs.info(path)
+        if digest_of(uri, version_of(info)) != expected:
             raise BuildError(
                 f"{redact(uri)} changed after the spec was parsed; parse the spec again"
             )
+        if info.get("type") not in (None, "file"):
+            raise BuildError(f"{redact(uri)} is not a regular file")
         size = 0
         with fs.open(path, "rb") as src, open(dest, "wb") as out:
             while chunk := src.read(1 << 20):
                 if cancel.is_set():
                     raise _Cancelled
-                out.write(chunk)
                 size += len(chunk)
+                if limit is not None and size > limit:
+                    raise BuildError(
+                        f"{redact(uri)} is larger than the limit of {limit / 2**20:.1f} MiB"
+                        " (the plugin's max_bytes, $JUPYTER_RUNTIMEENV_MAX_UPLOAD_BYTES)"
+                    )
+                out.write(chunk)
         return size
     except (BuildError, _Cancelled):
         raise

@@ -26,7 +26,7 @@ from . import _downloads, _remote
 from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
 from ._store import blob_dir, default_store, materialize
-from ._unpack import flatten_single_dir, safe_unzip
+from ._unpack import check_zip, flatten_single_dir, safe_unzip
 from ._untar import TAR_SUFFIXES, is_tar, safe_untar
 from ._uv import installer_env, uv_bin
 from .base import BuildContext
@@ -256,12 +256,15 @@ async def create(
     *,
     keep_name: bool,
     flatten: bool,
+    limit: int | None = None,
 ) -> int:
     """Fill ``build.target`` with the content at ``location``; returns bytes written.
 
     ``expected`` is the digest the URI was made from: a local tree that changed since then
-    fails the build rather than silently giving different code under the same id.
+    fails the build rather than silently giving different code under the same id. A
+    download stops past ``limit`` bytes (default ``max_bytes(None)``).
     """
+    limit = max_bytes(None) if limit is None else limit
     kind = kind_of(location)
     target = build.target
     if kind in ("url", "remote"):
@@ -277,9 +280,9 @@ async def create(
             holder.mkdir()
             archive = holder / name
             if kind == "url":
-                await fetch(location, archive, build)
+                await fetch(location, archive, build, limit=limit)
             else:
-                await _remote.fetch(location, archive, expected, build)
+                await _remote.fetch(location, archive, expected, build, limit=limit)
             kept = await build.to_thread(_downloads.keep, build.cache_root, expected, archive)
             return await _unpack_archive(kept, build, flatten=flatten)
         finally:
@@ -316,6 +319,8 @@ async def _unpack_archive(archive: Path, build: BuildContext, *, flatten: bool) 
 
 async def _install_wheel(wheel: Path, build: BuildContext) -> int:
     """Install a wheel's files into the target (its own dependencies belong in ``pip``)."""
+    # A wheel is a zip: the installer unpacks it, within the same limits as any archive.
+    (await build.to_thread(check_zip, wheel)).close()
     async with build.limit("install"):
         await build.run(
             [

@@ -26,20 +26,87 @@ of the target: chains of links defeat it (that was the bug).
 Hardlinks (tar) are accepted only to a regular file already extracted inside the root.
 Modes: the executable bit and owner-only access are kept (a 0600 member stays 0600);
 nothing is made wider than the archive says, and nothing group/other-writable.
+
+An archive is also bounded (``ArchiveLimits``, from the environment, defaults below): the
+bytes it unpacks to, its number of members, and the ratio of unpacked bytes to the
+archive's own size once past ``RATIO_FLOOR`` (a 1 MB zip that unpacks to 1 GiB is a bomb,
+not a project). Bytes are counted as they are written, so one huge member stops at the
+limit; a zip's central directory (member count, declared sizes, which zipfile enforces) is
+checked before anything is written, before ``zipfile`` even loads it.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ..errors import BuildError
 
-__all__ = ["SafeTree", "check_links", "flatten_single_dir", "member_path", "safe_unzip"]
+__all__ = [
+    "ArchiveLimits",
+    "SafeTree",
+    "check_links",
+    "check_zip",
+    "flatten_single_dir",
+    "member_path",
+    "safe_unzip",
+]
+
+MAX_UNPACKED_VAR = "JUPYTER_RUNTIMEENV_MAX_UNPACKED_BYTES"
+MAX_MEMBERS_VAR = "JUPYTER_RUNTIMEENV_MAX_ARCHIVE_MEMBERS"
+MAX_RATIO_VAR = "JUPYTER_RUNTIMEENV_MAX_ARCHIVE_RATIO"
+#: Below this many unpacked bytes the ratio is not checked (small archives of zeros are fine).
+RATIO_FLOOR = 64 * 2**20
+_CHUNK = 1 << 20
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive (``working_dir``/``py_modules``) may unpack to."""
+
+    #: Bytes written in all (default 2 GiB: four times the 500 MiB a local directory may hold).
+    max_bytes: int = 2 * 2**30
+    #: Members (files, directories, links).
+    max_members: int = 100_000
+    #: Unpacked bytes per byte of archive, once past ``RATIO_FLOOR``.
+    max_ratio: float = 100.0
+
+    @classmethod
+    def from_env(cls) -> ArchiveLimits:
+        """The defaults, each overridden by its variable (``$JUPYTER_RUNTIMEENV_MAX_*``)."""
+        default = cls()
+        return cls(
+            max_bytes=int(os.environ.get(MAX_UNPACKED_VAR) or default.max_bytes),
+            max_members=int(os.environ.get(MAX_MEMBERS_VAR) or default.max_members),
+            max_ratio=float(os.environ.get(MAX_RATIO_VAR) or default.max_ratio),
+        )
+
+    def check_bytes(self, name: str, written: int, archive_size: int) -> None:
+        if written > self.max_bytes:
+            raise BuildError(
+                f"{name} unpacks to more than {_mib(self.max_bytes)}, the limit"
+                f" (${MAX_UNPACKED_VAR})"
+            )
+        if written > RATIO_FLOOR and written > self.max_ratio * max(archive_size, 1):
+            raise BuildError(
+                f"{name} unpacks to more than {self.max_ratio:g} times its own size"
+                f" ({_mib(archive_size)} to over {_mib(written)}): an archive bomb? The limit"
+                f" is ${MAX_RATIO_VAR}"
+            )
+
+    def check_members(self, name: str, count: int) -> None:
+        if count > self.max_members:
+            raise BuildError(
+                f"{name} has more than {self.max_members} members, the limit (${MAX_MEMBERS_VAR})"
+            )
 
 
 def member_path(name: str) -> PurePosixPath | None:
@@ -70,14 +137,30 @@ class SafeTree:
     """Writes archive members below ``root`` (an existing directory), refusing anything
     that would be written or point outside it. Call ``finish()`` after the last member."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        limits: ArchiveLimits | None = None,
+        name: str = "the archive",
+        archive_size: int = 0,
+    ) -> None:
         self.root = os.path.realpath(root)
         self.written = 0
+        self.members = 0
+        self.limits = limits or ArchiveLimits.from_env()
+        self.name = name
+        self.archive_size = archive_size
         self._links: list[tuple[str, str]] = []  # (path on disk, member name)
+
+    def _count(self) -> None:
+        self.members += 1
+        self.limits.check_members(self.name, self.members)
 
     # -- members ----------------------------------------------------------------------------
 
     def directory(self, name: str) -> None:
+        self._count()
         rel = member_path(name)
         if rel is None:
             return
@@ -89,21 +172,27 @@ class SafeTree:
         self._check_resolves_inside(out, name, "it would be written outside the root")
 
     def file(self, name: str, data: IO[bytes], mode: int | None = None) -> int:
-        """Write a regular file from ``data``; returns the bytes written."""
+        """Write a regular file from ``data``; returns the bytes written (counted as they
+        are written: a member past the limits stops there)."""
+        self._count()
         out = self._out(name, "a file")
         self._check_parent(out, name, create=True)
         self._replace(out, name)
         fd = os.open(
             out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
         )
+        size = 0
         with os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(data, dst, 1 << 20)
-            size = dst.tell()
+            while chunk := data.read(_CHUNK):
+                size += len(chunk)
+                self.written += len(chunk)
+                self.limits.check_bytes(self.name, self.written, self.archive_size)
+                dst.write(chunk)
         os.chmod(out, file_mode(mode))
-        self.written += size
         return size
 
     def symlink(self, name: str, target: str) -> None:
+        self._count()
         out = self._out(name, "a symlink")
         if not target or "\0" in target:
             raise BuildError(f"refusing to unpack {name!r}: a symlink with an empty or bad target")
@@ -120,6 +209,7 @@ class SafeTree:
 
     def hardlink(self, name: str, target_member: str) -> None:
         """A hardlink to an earlier member (tar): only to a regular file inside the root."""
+        self._count()
         out = self._out(name, "a hardlink")
         source = self._out(target_member, "a hardlink target")
         real = os.path.realpath(source)
@@ -183,16 +273,48 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
-def safe_unzip(archive: str | Path, dest: Path) -> int:
-    """Extract ``archive`` into ``dest`` (which exists); returns the bytes written.
-
-    ``BuildError`` naming the member for anything that would land or point outside ``dest``.
-    """
+def check_zip(archive: str | Path, limits: ArchiveLimits | None = None) -> zipfile.ZipFile:
+    """The open zip ``archive`` once its central directory is within ``limits``: its member
+    count (read from the end record before ``zipfile`` loads every entry) and the sum of
+    its members' declared sizes (which ``zipfile`` enforces while reading)."""
+    limits = limits or ArchiveLimits.from_env()
+    name = os.path.basename(str(archive))
+    size = os.path.getsize(archive)
+    try:
+        with open(archive, "rb") as f:
+            end = zipfile._EndRecData(f)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise BuildError(f"{name} is not a readable zip file: {exc}") from exc
+    if end is not None:
+        limits.check_members(name, int(end[zipfile._ECD_ENTRIES_TOTAL]))  # type: ignore[attr-defined]
     try:
         zf = zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise BuildError(f"{archive} is not a readable zip file: {exc}") from exc
-    tree = SafeTree(dest)
+        raise BuildError(f"{name} is not a readable zip file: {exc}") from exc
+    try:
+        infos = zf.infolist()
+        limits.check_members(name, len(infos))
+        limits.check_bytes(name, sum(i.file_size for i in infos), size)
+    except BaseException:
+        zf.close()
+        raise
+    return zf
+
+
+def safe_unzip(archive: str | Path, dest: Path, limits: ArchiveLimits | None = None) -> int:
+    """Extract ``archive`` into ``dest`` (which exists); returns the bytes written.
+
+    ``BuildError`` naming the member for anything that would land or point outside ``dest``,
+    or naming the limit an archive passes.
+    """
+    limits = limits or ArchiveLimits.from_env()
+    zf = check_zip(archive, limits)
+    tree = SafeTree(
+        dest,
+        limits=limits,
+        name=os.path.basename(str(archive)),
+        archive_size=os.path.getsize(archive),
+    )
     with zf:
         for info in zf.infolist():
             mode = (info.external_attr >> 16) & 0xFFFF

@@ -10,11 +10,12 @@ which are refused here.
 
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import Path
 
 from ..errors import BuildError
-from ._unpack import SafeTree
+from ._unpack import ArchiveLimits, SafeTree
 
 __all__ = ["TAR_SUFFIXES", "is_tar", "safe_untar"]
 
@@ -25,12 +26,19 @@ def is_tar(name: str) -> bool:
     return name.endswith(TAR_SUFFIXES)
 
 
-def safe_untar(archive: str | Path, dest: Path) -> int:
+def safe_untar(archive: str | Path, dest: Path, limits: ArchiveLimits | None = None) -> int:
     """Extract the tar ``archive`` into ``dest`` (which exists); returns the bytes written.
 
-    ``BuildError`` naming the member for anything that would land or point outside ``dest``.
+    ``BuildError`` naming the member for anything that would land or point outside ``dest``,
+    or naming the limit (``ArchiveLimits``) the archive passes: members are counted and bytes
+    measured as the (compressed) stream is read, so a bomb stops at the limit.
     """
-    tree = SafeTree(dest)
+    tree = SafeTree(
+        dest,
+        limits=limits,
+        name=os.path.basename(str(archive)),
+        archive_size=os.path.getsize(archive),
+    )
     try:
         with tarfile.open(archive, "r:*") as tf:
             for member in tf:

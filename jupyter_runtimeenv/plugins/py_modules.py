@@ -109,7 +109,14 @@ class PyModulesPlugin(RuntimeEnvPlugin):
             location = await build.to_thread(self._find, value, expected, build.spec.excludes)
         if location is None:
             raise BuildError(f"no module of this spec has the content {expected} any more")
-        return await _sources.create(location, expected, build, keep_name=True, flatten=False)
+        return await _sources.create(
+            location,
+            expected,
+            build,
+            keep_name=True,
+            flatten=False,
+            limit=_sources.max_bytes(self.max_bytes),
+        )
 
     def _find(self, value: list[str], expected: str, excludes: list[str]) -> str | None:
         limit = _sources.max_bytes(self.max_bytes)

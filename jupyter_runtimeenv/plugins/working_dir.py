@@ -62,7 +62,14 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
         expected = _sources.uri_digest(uri)
-        return await _sources.create(value, expected, build, keep_name=False, flatten=True)
+        return await _sources.create(
+            value,
+            expected,
+            build,
+            keep_name=False,
+            flatten=True,
+            limit=_sources.max_bytes(self.max_bytes),
+        )
 
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         path = ctx.resource_path(uris[0])
