@@ -52,6 +52,8 @@ from .events import KERNEL_SCHEMA_PATH, SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
 from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
 from .panel import panel_handlers
+from .subscribe import DEFAULT_BUFFER_BYTES, BoundedSubscribeWebsocket
+from .subscribe import SETTINGS_KEY as EVENTS_BUFFER_KEY
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 KERNEL_HOLDER_PREFIX = "kernel:"
@@ -154,6 +156,12 @@ class RuntimeEnvExtension(ExtensionApp):
     max_concurrent_parses = Int(
         DEFAULT_MAX_PARSES, config=True, help="Specs that may be parsed at once (in threads)."
     )
+    events_buffer_bytes = Int(
+        DEFAULT_BUFFER_BYTES,
+        config=True,
+        help="Bytes the events websocket (/api/events/subscribe) may hold for one subscriber"
+        " that does not read; past it, that subscriber is disconnected.",
+    )
     kernel_sweep_interval = Float(
         10.0,
         config=True,
@@ -218,6 +226,7 @@ class RuntimeEnvExtension(ExtensionApp):
         }
         self.export_environment()
         self.settings[SETTINGS_KEY] = self
+        self.settings[EVENTS_BUFFER_KEY] = self.events_buffer_bytes
         _current = self
 
     def initialize_handlers(self) -> None:
@@ -225,6 +234,8 @@ class RuntimeEnvExtension(ExtensionApp):
         self.handlers.extend(default_handlers)
         self.handlers.extend(cluster_handlers)  # first: it answers one of the panel's routes
         self.handlers.extend(panel_handlers)
+        # The server's own events socket, bounded per subscriber (matched before the core's).
+        self.handlers.append((r"/api/events/subscribe", BoundedSubscribeWebsocket))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Called by the extension manager once the server's loop runs (not under

@@ -22,6 +22,9 @@ KERNEL_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/kernel/v1"
 KERNEL_SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "kernel" / "v1.yaml"
 
 _STEP_STATUSES = {"running", "done", "cached", "failed", "cancelled"}
+#: An installer's line longer than this is cut in its event (the log file keeps it whole):
+#: every event goes to every subscriber.
+MAX_LINE_CHARS = 8192
 
 
 class EventForwarder:
@@ -42,7 +45,12 @@ class EventForwarder:
         if event.kind == "log":
             step = str(event.data.get("step", ""))
             lines = self._pending.setdefault((event.env_id, step), [])
-            lines.append(str(event.data.get("line", "")))
+            line = str(event.data.get("line", ""))
+            if len(line) > MAX_LINE_CHARS:
+                line = (
+                    line[:MAX_LINE_CHARS] + f" [... {len(line) - MAX_LINE_CHARS} more characters]"
+                )
+            lines.append(line)
             if len(lines) >= self.max_lines:
                 self._flush_one(event.env_id, step)
             elif self._timer is None:

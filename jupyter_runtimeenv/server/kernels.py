@@ -23,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeEnvError
+from ..errors import RuntimeEnvError, SpecError
 from ..spec.ids import is_env_id
+from ..spec.parse import check_plain
+from ..spec.policy import DEFAULT_MAX_DEPTH
 from ..workers import stops
 
 WORKERS_SCHEMA_ID = "https://events.jupyter.org/jupyter_runtimeenv/workers/v1"
@@ -34,6 +36,11 @@ MAX_POOLS = 64
 MAX_WORKERS_PER_POOL = 1024
 MAX_DECLARED = 64
 MAX_NAME = 200
+#: Workers in one report, all pools together: a report is published to every subscriber of
+#: the events socket, so its size is bounded (with the body: ``MAX_REPORT_BYTES``).
+MAX_WORKERS = 1024
+MAX_REPORT_BYTES = 256 * 1024
+_MAX_TEXT = 4096
 _WORKER_KEYS = {"pid": int, "busy": bool, "tasks_done": int, "tasks_failed": int}
 
 
@@ -49,18 +56,33 @@ def validate_report(data: Any) -> dict[str, Any]:
     if not isinstance(pools, list) or len(pools) > MAX_POOLS:
         raise ReportError(f"pools: expected a list of at most {MAX_POOLS} pools")
     clean_pools = [_pool(pool, f"pools[{i}]") for i, pool in enumerate(pools)]
+    total = sum(len(pool["workers"]) for pool in clean_pools)
+    if total > MAX_WORKERS:
+        raise ReportError(f"pools: {total} workers in all; at most {MAX_WORKERS} are reported")
     runtime_env = data.get("runtime_env")
     if runtime_env is not None and not isinstance(runtime_env, dict):
         raise ReportError("runtime_env: expected a JSON object or null")
+    _plain(runtime_env, "runtime_env")
     cwd = data.get("cwd")
-    if cwd is not None and not isinstance(cwd, str):
-        raise ReportError("cwd: expected a string")
+    if cwd is not None and (not isinstance(cwd, str) or len(cwd) > _MAX_TEXT):
+        raise ReportError(f"cwd: expected a string of at most {_MAX_TEXT} characters")
     return {
         "pools": clean_pools,
         "declared": _declared(data.get("declared")),
         "runtime_env": runtime_env,
         "cwd": cwd,
     }
+
+
+def _plain(spec: dict[str, Any] | None, where: str) -> None:
+    """A spec in a report is depth-limited like a spec: it is parsed (notebook_env) and
+    encoded again."""
+    if spec is None:
+        return
+    try:
+        check_plain(spec, DEFAULT_MAX_DEPTH)
+    except SpecError as exc:
+        raise ReportError(f"{where}.{exc}" if exc.field else f"{where}: {exc}") from None
 
 
 def _declared(value: Any) -> list[dict[str, Any]]:
@@ -83,6 +105,7 @@ def _declared(value: Any) -> list[dict[str, Any]]:
         spec = entry.get("spec")
         if spec is not None and not isinstance(spec, dict):
             raise ReportError(f"{where}.spec: expected a JSON object or null")
+        _plain(spec, f"{where}.spec")
         out.append({"name": name, "env_id": env_id, "spec": spec})
     return out
 
@@ -110,8 +133,8 @@ def _pool(pool: Any, where: str) -> dict[str, Any]:
     if not isinstance(pool, dict):
         raise ReportError(f"{where}: expected a JSON object")
     env_id = pool.get("env_id")
-    if not isinstance(env_id, str) or not env_id:
-        raise ReportError(f"{where}.env_id: expected a non-empty string")
+    if not isinstance(env_id, str) or not env_id or len(env_id) > 200:
+        raise ReportError(f"{where}.env_id: expected a non-empty string (at most 200 characters)")
     workers = pool.get("workers", [])
     if not isinstance(workers, list) or len(workers) > MAX_WORKERS_PER_POOL:
         raise ReportError(f"{where}.workers: expected a list of at most {MAX_WORKERS_PER_POOL}")
@@ -149,6 +172,7 @@ def _pool(pool: Any, where: str) -> dict[str, Any]:
         "state": str(pool.get("state", ""))[:40],
         "max_workers": pool.get("max_workers")
         if isinstance(pool.get("max_workers"), int)
+        and not isinstance(pool.get("max_workers"), bool)
         else None,
         "workers": clean,
     }

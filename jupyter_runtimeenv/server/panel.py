@@ -41,7 +41,7 @@ from .handlers import (
     RuntimeEnvHandler,
     _handles_done,
 )
-from .kernels import KernelReports, ReportError
+from .kernels import MAX_REPORT_BYTES, KernelReports, ReportError
 
 _KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
 #: The overview reads the stored spec (for its brief) of this many most recently used envs;
@@ -258,6 +258,10 @@ class KernelsHandler(PanelHandler):
 
 class KernelReportHandler(PanelHandler):
     spec_methods = frozenset({"POST"})  # a report carries the kernel's declared spec
+
+    def body_limit(self) -> int:
+        # Published to every events subscriber: bounded below the spec limit.
+        return min(super().body_limit(), MAX_REPORT_BYTES)
 
     @web.authenticated
     @authorized
