@@ -8,9 +8,14 @@ reads them to show workers under their env, and to save a kernel's declared env 
 notebook.
 
 A worker may be stopped from the sidebar: the server cannot call into the kernel, so it kills
-the worker's process itself (same user). Only a pid that a running kernel reported, and whose
-parent process is that kernel (checked in ``/proc`` where there is one), may be killed; the
-kernel's pool sees the worker die and fails or replaces its task as for any dead worker.
+the worker's process itself (same user). A report is the kernel's word, and a kernel (any
+code in it) can forge one; so only a process that is a worker of that kernel is killed: a pid
+the kernel reported, whose parent is the kernel's process (where ``/proc`` tells), whose
+command line is our worker bootstrap (``workers/_entry.py``) started for that kernel
+(``--parent <kernel pid>``), and, when the report gives it, whose start time is the reported
+one (not a recycled pid). The signal goes through a pidfd opened before those checks, so
+the process checked is the process killed. The kernel's pool sees the worker die and fails
+or replaces its task as for any dead worker.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ..errors import RuntimeEnvError, SpecError
 from ..spec.ids import is_env_id
@@ -165,6 +172,11 @@ def _pool(pool: Any, where: str) -> dict[str, Any]:
         if cpu is not None and (not _number(cpu) or not 0 <= cpu <= 1e6):
             raise ReportError(f"{where}.workers[{j}].cpu: expected a percentage or null")
         item["cpu"] = None if cpu is None else round(float(cpu), 1)
+        started = worker.get("started")
+        if started is not None:
+            if isinstance(started, bool) or not isinstance(started, (int, float)) or started < 0:
+                raise ReportError(f"{where}.workers[{j}].started: expected a start time or null")
+            item["started"] = float(started)
         clean.append(item)
     return {
         "env_id": env_id,
@@ -249,32 +261,103 @@ class KernelReports:
             self.drop(kernel_id)
 
     def stop_worker(self, kernel_id: str, pid: int, by: str | None = None) -> None:
-        """Kill worker ``pid`` of kernel ``kernel_id``: it must be in the kernel's last report
-        and, where ``/proc`` tells, a child of the kernel's process. ``LookupError`` if not.
-        The kernel is told it was stopped from the sidebar (by user ``by``), not killed."""
+        """Kill worker ``pid`` of kernel ``kernel_id``: it must be in the kernel's last report,
+        where ``/proc`` tells a child of the kernel's process, and our worker bootstrap
+        started for that kernel (``worker_problem``). ``LookupError`` if not. The kernel is
+        told it was stopped from the sidebar (by user ``by``), not killed."""
         report = self._reports.get(kernel_id)
-        reported = report is not None and any(
-            w["pid"] == pid for pool in report["pools"] for w in pool["workers"]
-        )
-        if not reported:
+        entries = [
+            w
+            for pool in (report or {"pools": []})["pools"]
+            for w in pool["workers"]
+            if w["pid"] == pid
+        ]
+        if not entries:
             raise LookupError(f"kernel {kernel_id} reported no worker with pid {pid}")
         kernel_pid = self._kernel_pid(kernel_id)
-        parent = parent_pid(pid)
-        if parent is None:
-            raise LookupError(f"no process {pid}: the worker has already stopped")
         if kernel_pid is None:
             raise LookupError(f"kernel {kernel_id} has no local process: cannot check pid {pid}")
-        if parent not in (kernel_pid, -1):  # -1: no /proc to tell
-            raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}")
-        if self.notes_dir is not None:
-            with contextlib.suppress(OSError):  # without its note it reads as a SIGKILL
-                stops.leave(self.notes_dir, pid, stopped_reason(by))
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+        with _ProcessHandle(pid) as handle:
+            parent = parent_pid(pid)
+            if parent is None:
+                raise LookupError(f"no process {pid}: the worker has already stopped")
+            if parent not in (kernel_pid, -1):  # -1: no /proc to tell
+                raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}")
+            problem = worker_problem(pid, kernel_pid, entries[0].get("started"))
+            if problem is not None:
+                raise LookupError(f"process {pid} is not a worker of kernel {kernel_id}: {problem}")
             if self.notes_dir is not None:
-                stops.withdraw(self.notes_dir, pid)
-            raise LookupError(f"no process {pid}: the worker has already stopped") from None
+                with contextlib.suppress(OSError):  # without its note it reads as a SIGKILL
+                    stops.leave(self.notes_dir, pid, stopped_reason(by))
+            try:
+                handle.kill()
+            except LookupError:
+                if self.notes_dir is not None:
+                    stops.withdraw(self.notes_dir, pid)
+                raise
+
+
+#: The worker bootstrap every worker process runs (``workers/process.py``).
+_ENTRY = os.path.join("jupyter_runtimeenv", "workers", "_entry.py")
+
+
+def worker_problem(pid: int, kernel_pid: int, started: float | None = None) -> str | None:
+    """Why ``pid`` is not a worker started by the kernel ``kernel_pid``; None if it is one.
+    A process that vanishes at any step is "already stopped"."""
+    try:
+        proc = psutil.Process(pid)
+        cmdline = proc.cmdline()
+        created = proc.create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return "it has already stopped"
+    except psutil.AccessDenied:
+        return "it cannot be inspected"
+    if not any(arg.endswith(_ENTRY) for arg in cmdline):
+        return "its command line is not the worker bootstrap"
+    try:
+        parent_arg = cmdline[cmdline.index("--parent") + 1]
+    except (ValueError, IndexError):
+        return "its command line names no parent"
+    if parent_arg != str(kernel_pid):
+        return f"it was started for process {parent_arg[:20]}, not for the kernel"
+    if started is not None and abs(created - started) > 1.0:
+        return "its start time is not the reported one (a recycled pid)"
+    return None
+
+
+class _ProcessHandle:
+    """A pidfd for ``pid`` (Linux), opened before the checks: ``kill`` signals the process
+    that was checked, never a process that took its pid meanwhile. Elsewhere ``os.kill``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+
+    def __enter__(self) -> _ProcessHandle:
+        opener = getattr(os, "pidfd_open", None)
+        if opener is not None:
+            try:
+                self.fd = opener(self.pid)
+            except ProcessLookupError:
+                raise LookupError(
+                    f"no process {self.pid}: the worker has already stopped"
+                ) from None
+            except OSError:
+                self.fd = None  # pidfds unsupported here: os.kill below
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def kill(self) -> None:
+        try:
+            if self.fd is not None:
+                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            raise LookupError(f"no process {self.pid}: the worker has already stopped") from None
 
 
 def stopped_reason(by: str | None) -> str:

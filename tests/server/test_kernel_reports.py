@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import jupyter_runtimeenv
 from jupyter_runtimeenv.server.kernels import KernelReports, ReportError, validate_report
 from jupyter_runtimeenv.server.panel import name_holder
 
@@ -63,8 +64,12 @@ def test_a_report_publishes_only_changes_and_a_gone_event() -> None:
 
 
 def test_only_a_reported_child_of_the_kernel_is_stopped() -> None:
-    # The "kernel" is this process; its child sleeps; an unrelated process is not its child.
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # The "kernel" is this process; its child sleeps with a worker's command line (the
+    # bootstrap's path, started for this process); an unrelated process is not its child.
+    entry = os.path.join(os.path.dirname(jupyter_runtimeenv.__file__), "workers", "_entry.py")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", entry, "--parent", str(os.getpid())]
+    )
     try:
         reports = KernelReports(lambda data: None, lambda kernel_id: os.getpid())
         report = {"pools": [{"env_id": "e", "workers": [{"pid": child.pid}, {"pid": 1234567}]}]}
