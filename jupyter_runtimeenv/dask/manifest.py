@@ -14,6 +14,12 @@ A node asks for the blobs its own store lacks, receives each once, lays the tree
 its cache root
 (``dask/trees/<digest>/<name>``, hardlinks to its blobs) and parses the spec with the
 placeholders replaced by those paths: no node ever reads a path of the driver.
+
+A node trusts a manifest no more than a blob: whoever can reach the scheduler can send one.
+Before any path is made from it (``Manifest.from_json`` checks it whole), a placeholder's
+kind must be ``tree`` or ``file``, its key a sha256 the manifest lists, its name one plain
+path component; a listing's paths plain relative paths (no ``..``, ``.``, empty or absolute
+part, no NUL), its digests sha256s, its sizes counts and its modes read-only blob modes.
 """
 
 from __future__ import annotations
@@ -68,7 +74,36 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
-        return cls(data["spec"], data["trees"], data["files"], data["token"])
+        """The manifest ``data`` (from another process), checked: ``ValueError`` naming the
+        first entry that is not what a driver makes."""
+        if not isinstance(data, dict):
+            raise ValueError("manifest: expected a JSON object")
+        manifest = cls(data["spec"], data["trees"], data["files"], data["token"])
+        manifest.check()
+        return manifest
+
+    def check(self) -> None:
+        """``ValueError`` unless every placeholder and listing is plain (see the module)."""
+        if not isinstance(self.spec, dict) or not isinstance(self.trees, dict):
+            raise ValueError("manifest: spec and trees must be objects")
+        if not isinstance(self.files, dict):
+            raise ValueError("manifest: files must be an object")
+        for key, listing in self.trees.items():
+            _check_sha(key, f"trees.{key[:80]}")
+            if not isinstance(listing, list):
+                raise ValueError(f"manifest: trees.{key}: expected a list of files")
+            for i, item in enumerate(listing):
+                _check_item(item, f"trees.{key}[{i}]")
+        for key, item in self.files.items():
+            _check_sha(key, f"files.{key[:80]}")
+            if not isinstance(item, list) or len(item) != 2:
+                raise ValueError(f"manifest: files.{key}: expected [size, mode]")
+            _check_item(["file", item[1], item[0], key], f"files.{key}")
+        for field_name in ("working_dir", "py_modules", "driver_sys_path"):
+            values = self.spec.get(field_name)
+            for value in values if isinstance(values, list) else [values]:
+                if isinstance(value, str) and value.startswith(PREFIX):
+                    _check_placeholder(value, self, field_name)
 
     def blobs(self) -> dict[str, int]:
         """Every blob the manifest needs: name -> size."""
@@ -150,6 +185,53 @@ class _Collector:
 
     def _over(self) -> str:
         return f"over the upload limit of {self.limit} bytes ({_sources.MAX_BYTES_VAR})"
+
+
+def _plain_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= 255
+        and name not in (".", "..")
+        and "/" not in name
+        and "\0" not in name
+    )
+
+
+def _plain_rel(rel: Any) -> bool:
+    return isinstance(rel, str) and len(rel) <= 4096 and all(map(_plain_name, rel.split("/")))
+
+
+def _check_sha(value: Any, where: str) -> None:
+    if not (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    ):
+        raise ValueError(f"manifest: {where}: not a sha256")
+
+
+def _check_item(item: Any, where: str) -> None:
+    """``[rel, mode, size, sha256]`` of a tree (``files`` entries come with rel ``file``)."""
+    if not isinstance(item, list) or len(item) != 4:
+        raise ValueError(f"manifest: {where}: expected [path, mode, size, sha256]")
+    rel, mode, size, sha = item
+    if not _plain_rel(rel):
+        raise ValueError(f"manifest: {where}: {str(rel)[:200]!r} is not a plain relative path")
+    for number, what in ((mode, "mode"), (size, "size")):
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise ValueError(f"manifest: {where}: the {what} is not a count")
+    _check_sha(sha, where)
+    if not is_blob_name(FileEntry("", "", mode, size, sha).blob_name):
+        raise ValueError(f"manifest: {where}: mode {mode:o} is not a read-only blob mode")
+
+
+def _check_placeholder(value: str, manifest: Manifest, where: str) -> None:
+    kind, _, rest = value[len(PREFIX) :].partition("/")
+    key, _, name = rest.partition("/")
+    listed = manifest.trees if kind == "tree" else manifest.files if kind == "file" else None
+    if listed is None or key not in listed or not _plain_name(name):
+        raise ValueError(
+            f"manifest: {where}: {value[:200]!r} is not a placeholder of a listed tree or file"
+            " with a plain name"
+        )
 
 
 def read_blob(store_root: Path, name: str) -> bytes:
