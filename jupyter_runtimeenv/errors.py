@@ -33,6 +33,7 @@ from typing import Any
 import cloudpickle
 
 from ._exc_state import blank, describe, fields, rebuild, restore, safe_str
+from .redact import redact_text
 
 __all__ = [
     "AgentUnavailable",
@@ -67,6 +68,8 @@ class SpecError(RuntimeEnvError, ValueError):
     """
 
     def __init__(self, field: str, reason: str) -> None:
+        # URLs without their user info, query or fragment, in every error (``redact``).
+        reason = redact_text(reason)
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}" if field else reason)
@@ -109,11 +112,11 @@ class BuildError(RuntimeEnvError):
         log_path: str = "",
         label: str = "",
     ) -> None:
-        self.message = message
+        self.message = redact_text(message)
         self.env_id = env_id
         self.step = step
-        self.label = label
-        self.output_tail = list(output_tail)
+        self.label = redact_text(label)
+        self.output_tail = [redact_text(line) for line in output_tail]
         self.log_path = log_path
         super().__init__(message)
 

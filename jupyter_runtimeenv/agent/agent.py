@@ -29,6 +29,7 @@ from ..errors import (
 from ..plugins import _store
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry, default_registry
+from ..redact import redact_text
 from ..spec import TRUSTED, RuntimeEnvSpec, SpecPolicy, parse
 from ..spec.ids import check_holder, is_env_id, is_env_id_prefix
 from .build import EnvLog
@@ -90,6 +91,8 @@ class RuntimeEnvAgent:
         self._done: dict[str, asyncio.Future[None]] = {}
         self._resources = Resources(lambda: self.cache, self.limiter, self.registry)
         self._logs: dict[str, EnvLog] = {}
+        #: The resource URIs of each build in progress (recorded with the env when READY).
+        self._env_uris: dict[str, set[str]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._gc_lock = asyncio.Lock()
         self._stopping = False
@@ -401,7 +404,8 @@ class RuntimeEnvAgent:
         async with self._gc_lock:
             for item in await asyncio.to_thread(self.cache.eviction_candidates, limit):
                 if await self._evict(item.uri):
-                    evicted.append({"uri": item.uri, "plugin": item.plugin, "size": item.size})
+                    shown = redact_text(item.uri)
+                    evicted.append({"uri": shown, "plugin": item.plugin, "size": item.size})
         return evicted
 
     # -- building --------------------------------------------------------------------------
@@ -494,12 +498,13 @@ class RuntimeEnvAgent:
             if done is not None and not done.done():
                 done.set_result(None)
             self._builds.pop(env_id, None)
+            self._env_uris.pop(env_id, None)
         if not self._stopping and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes:
             self._spawn(self.gc())
 
     def _uris_of(self, env_id: str) -> list[str]:
-        steps = self._machine.records[env_id].steps
-        return sorted({s["uri"] for s in steps.values() if s.get("uri")})
+        # The resources' own URIs (steps show them redacted).
+        return sorted(self._env_uris.get(env_id, ()))
 
     def _fail(self, env_id: str, error: BuildError) -> None:
         if (
@@ -523,6 +528,7 @@ class RuntimeEnvAgent:
             for name, plugin, value in active
             for uri in uris[name]
         ]
+        self._env_uris[env_id] = {job.uri for job in jobs}
         tasks = [asyncio.create_task(self._need_resource(job)) for job in jobs]
         try:
             paths = await asyncio.gather(*tasks)
@@ -550,9 +556,10 @@ class RuntimeEnvAgent:
     async def _need_resource(self, job: ResourceJob) -> Path:
         """One step of a build: the resource ``uri``, with step events around it."""
         env_id, name, uri = job.spec.env_id, job.name, job.uri
-        step = f"{name} {uri}" if len(uri) < 80 else f"{name} {uri[:77]}..."
-        label = _label(job)
-        self._step(env_id, step, status="running", uri=uri, label=label, started=time.time())
+        shown = redact_text(uri)  # a URL's query or password is never in a step or event
+        step = f"{name} {shown}" if len(shown) < 80 else f"{name} {shown[:77]}..."
+        label = redact_text(_label(job))
+        self._step(env_id, step, status="running", uri=shown, label=label, started=time.time())
         status = "cancelled"
         try:
             path, cached = await self._need_pinned(job)

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from ..errors import BuildError
 from ..plugins.base import RunResult
+from ..redact import redact_text
 from ..spec import RuntimeEnvSpec
 from .limits import Limiter
 from .pgroups import LIVE
@@ -99,7 +100,9 @@ class ResourceBuild:
         if threading.get_ident() != self._loop_thread:
             self._loop.call_soon_threadsafe(self.log, line)
             return
-        for part in line.splitlines() or [""]:
+        # URLs lose their user info and query here, before the log file, the events and an
+        # error's output tail see them (an installer may print a presigned or token URL).
+        for part in redact_text(line).splitlines() or [""]:
             self.tail.append(part)
             self._log.write(self.step, part)
 
@@ -150,7 +153,7 @@ class ResourceBuild:
                 LIVE.add(proc.pid, started)
             assert proc.stdout is not None
             async for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                line = redact_text(raw.decode("utf-8", "replace").rstrip("\r\n"))
                 output.append(line)
                 self.log(line)
             returncode = await proc.wait()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, SpecError
+from ..redact import redact_url
 from ..spec.files import MAX_TEXT_BYTES
 from ..spec.ray import gcs_uri_reason
 from .base import BuildContext
@@ -81,14 +82,8 @@ def local_path(uri: str) -> str | None:
     return urllib.request.url2pathname(parts.path) or "/"
 
 
-def redact(uri: str) -> str:
-    """``uri`` without user info, query or fragment: what logs and errors show."""
-    try:
-        parts = urllib.parse.urlsplit(uri)
-    except ValueError:
-        return uri.split("?", 1)[0]
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+#: ``uri`` without user info, query or fragment: what logs and errors show.
+redact = redact_url
 
 
 def _filesystem(uri: str) -> tuple[Any, str]:
