@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["full_disk"]
+__all__ = ["filling_disk", "full_disk"]
 
 
 def _can_mount() -> bool:
@@ -78,3 +78,24 @@ def full_disk(
                 for name in dirs:
                     os.chmod(os.path.join(dirpath, name), 0o755)
             os.chmod(mount, 0o755)
+
+
+@contextlib.contextmanager
+def filling_disk(where: Path, size: str = "8m") -> Iterator[tuple[Path, Callable[[], None]]]:
+    """(a tmpfs with room, ``fill()`` that fills it until ENOSPC): a disk that becomes full
+    while something runs on it. Skips where no tmpfs can be mounted (not root, no mount)."""
+    mount = where / "disk"
+    mount.mkdir()
+    if not _can_mount():
+        pytest.skip("needs root and mount(8): a disk that fills while the server runs")
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount, lambda: _fill(mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

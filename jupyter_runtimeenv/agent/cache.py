@@ -19,6 +19,8 @@ half-built is ever found.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import json
 import os
@@ -28,8 +30,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,10 +219,13 @@ class Cache:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # A COMMIT that failed (a full disk) leaves the transaction open: without
+                # this rollback every later BEGIN would fail, after the disk has room again.
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     # -- start-up -------------------------------------------------------------------------
 
@@ -736,6 +741,35 @@ class Cache:
 
 
 _SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+#: OS errors that mean the cache's disk cannot be written (not a bug of ours).
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A cache method whose disk failures (a full or read-only disk, SQLite saying so) are a
+    ``CacheUnavailable`` naming the cache and the cause: every caller (the agent, the REST
+    API's 503, the CLI's exit code 1) handles that one error."""
+
+    @functools.wraps(method)
+    def guarded(self: Cache, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise CacheUnavailable(str(self.root), describe(exc, self.root)) from exc
+        except OSError as exc:
+            if exc.errno not in _DISK_ERRNOS:
+                raise
+            raise CacheUnavailable(str(self.root), describe(exc, self.root)) from exc
+
+    return guarded
+
+
+# Every public method but those that touch no disk.
+for _name, _method in list(vars(Cache).items()):
+    if not _name.startswith("_") and callable(_method) and _name not in ("lock_for", "log_path"):
+        setattr(Cache, _name, _guarded(_method))
 
 
 def _field_names(spec: dict[str, Any]) -> list[str]:

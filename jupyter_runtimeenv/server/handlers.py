@@ -212,7 +212,14 @@ def _handles_done(method: Any) -> Any:
             if self._too_large:  # a streamed body passed the limit (no Content-Length)
                 self.fail(413, "RequestTooLarge", self._too_large_message())
                 return
-            await method(self, *args, **kwargs)
+            try:
+                await method(self, *args, **kwargs)
+            except CacheUnavailable as exc:
+                # The disk filled (or turned read-only) while the server runs: the same
+                # documented 503 as a cache that could not be opened, whatever the route.
+                self.log.error("jupyter_runtimeenv: %s", exc)
+                if not self._finished:
+                    self.fail(503, "CacheUnavailable", str(exc), path=exc.path, cause=exc.cause)
 
     inner.__name__ = method.__name__
     inner.__doc__ = method.__doc__
