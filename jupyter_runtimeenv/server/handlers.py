@@ -50,6 +50,8 @@ MAX_PAGE = 5000
 _INLINE_JSON = 64 * 1024
 _ENV_ID = r"(?P<env_id>[^/]+)"
 _DIGITS = re.compile(r"[0-9]{1,9}")
+#: A POST whose env is removed under it (a concurrent DELETE or rebuild) asks this often.
+_ENSURE_ATTEMPTS = 5
 
 
 class AgentHost(Protocol):
@@ -255,16 +257,29 @@ class EnvsHandler(RuntimeEnvHandler):
         spec = await self.run(agent.parse_async(data))
         known = await agent.knows(spec.env_id)
         self.host.note_holder(holder)
-        await agent.ensure(spec, holder, retry=self.flag("retry"))
-        if self.flag("wait"):
-            # A failed build answers too: the body carries the error; the env exists (FAILED).
-            with contextlib.suppress(BuildError):
-                await agent.wait(spec.env_id)
-        body = await agent.env_status(spec.env_id)
+        body = await self.run(self._ensure(agent, spec, holder))
         if not known:
             self.set_status(201)
             self.set_header("Location", self.request.path.rstrip("/") + "/" + spec.env_id)
         await self.reply(body)
+
+    async def _ensure(self, agent: RuntimeEnvAgent, spec: Any, holder: str) -> dict[str, Any]:
+        """Take the reference (and wait, with ``?wait=``); the env's status. A concurrent
+        DELETE or rebuild may remove the env (and the reference) between the steps: it is
+        asked for again, a few times, instead of answering 500."""
+        for attempt in range(_ENSURE_ATTEMPTS):
+            try:
+                await agent.ensure(spec, holder, retry=self.flag("retry"))
+                if self.flag("wait"):
+                    # A failed build answers too: the body carries the error (FAILED).
+                    with contextlib.suppress(BuildError):
+                        await agent.wait(spec.env_id)
+                status: dict[str, Any] = await agent.env_status(spec.env_id)
+                return status
+            except EnvNotFound:
+                if attempt == _ENSURE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class EnvHandler(RuntimeEnvHandler):
