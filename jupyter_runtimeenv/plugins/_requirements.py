@@ -124,6 +124,8 @@ def normalize(value: Any) -> dict[str, Any]:
         raise SpecError(
             value.get("_check_key", "pip_check"), f"expected true or false, got {_kind(pip_check)}"
         )
+    if "packages" not in value:
+        raise SpecError("", "a mapping must include 'packages' (as in Ray)")
     if value.get("pip_version"):
         # Ray installs pip<pip_version> into the venv; so do we, as one more requirement.
         lines = [*lines, ("pip_version", "pip" + value["pip_version"], "")]

@@ -76,6 +76,13 @@ def normalize(value: object, field: str, *, kinds: Sequence[str]) -> str:
     if is_url(value):
         if "url" not in kinds:
             raise SpecError(field, "URLs are not accepted here")
+        path = value.split("#", 1)[0].split("?", 1)[0]
+        if not path.endswith((".zip", ".whl", *TAR_SUFFIXES)):
+            raise SpecError(
+                field,
+                f"{_remote.redact(value)}: URLs must name an archive (.zip, .whl, .tar.gz,"
+                " .tgz, .tar), as in Ray",
+            )
         return value
     gcs = gcs_uri_reason(value)
     if gcs:

@@ -20,7 +20,7 @@ from .model import CORE_FIELDS, RuntimeEnvConfig, RuntimeEnvSpec, sha256_of
 from .paths import base_dir
 from .patterns import MAX_PATTERN_CHARS, MAX_PATTERNS
 from .policy import SpecPolicy, applying, current_policy
-from .ray import RAY_INTERNAL, ray_only_reason
+from .ray import RAY_INTERNAL, check_ray_form, ray_only_reason
 from .strict_json import loads_strict
 
 __all__ = ["load_spec_file", "merge", "parse", "refresh"]
@@ -139,6 +139,7 @@ def _parse_mapping(
         given_as[name] = key
         if value is None:
             continue  # Ray treats a null field as absent
+        check_ray_form(key, value)
         normal = _call_plugin(plugin.validate, key, value)
         if not plugin.is_empty(normal):
             fields[name] = normal
@@ -303,6 +304,11 @@ def _parse_config(value: Any) -> RuntimeEnvConfig:
             )
         if raw is not None and not math.isfinite(raw):
             raise SpecError("config.setup_timeout_seconds", f"expected a finite number, got {raw}")
+        if isinstance(raw, float) and not raw.is_integer():
+            raise SpecError(
+                "config.setup_timeout_seconds",
+                f"expected a whole number of seconds (as in Ray), got {raw}",
+            )
         if raw == -1 or raw is None:
             timeout = None
         elif raw <= 0:

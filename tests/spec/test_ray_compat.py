@@ -137,6 +137,8 @@ VALID: list[tuple[dict[str, Any], Any, str]] = [
     ({"py_executable": f"{sys.executable} -X utf8"}, None, "py_executable with arguments"),
     ({"worker_process_setup_hook": "logging.basicConfig"}, "logging.basicConfig", "docs"),
     ({"config": {"setup_timeout_seconds": 10}}, None, "docs: RuntimeEnvConfig"),
+    ({"config": {"setup_timeout_seconds": 600.0}}, None, "a whole float: our normal form"),
+    ({"working_dir": "https://host.example/app.tar.gz?v=2"}, None, "an archive URL with a query"),
     ({"config": {"setup_timeout_seconds": -1, "eager_install": False}}, None, "docs"),
     ({"config": {"log_files": ["/tmp/ray/session_latest/logs/x.log"]}}, None, "log_files"),
     (
@@ -249,6 +251,31 @@ INVALID: list[tuple[Any, str, str, str]] = [
     ({"_nsight": "default"}, "_nsight", "a Ray feature", ""),
     ({"mpi": {"args": ["-n", "2"]}}, "mpi", "a Ray feature", ""),
     ({"working_dir": "gcs://_ray_pkg_abc.zip"}, "working_dir", "a Ray feature", "Ray's GCS"),
+    # Ray refuses these at parse time; they used to be taken here and to fail later, or never
+    # (issue 21 item 13: Ray's validation.py and RuntimeEnvConfig, field by field).
+    ({"pip": {"pip_check": True}}, "pip", "must include 'packages'", "dict without packages"),
+    ({"uv": {"uv_check": True}}, "uv", "must include 'packages'", "dict without packages"),
+    ({"uv": {"packages": "subdir/requirements.txt"}}, "uv.packages", "list", "uv.packages: list"),
+    ({"uv": {"packages": ["a"], "pip_version": "==22"}}, "uv.pip_version", "'pip' field", ""),
+    ({"uv": {"packages": ["a"], "pip_install_options": []}}, "uv.pip_install_options", "'pip'", ""),
+    ({"pip": {"packages": ["a"], "uv_check": True}}, "pip.uv_check", "'uv' field", ""),
+    (
+        {"pip": {"packages": ["a"], "uv_pip_install_options": []}},
+        "pip.uv_pip_install_options",
+        "'uv' field",
+        "",
+    ),
+    (
+        {"config": {"setup_timeout_seconds": 1.5}},
+        "config.setup_timeout_seconds",
+        "whole number",
+        "Ray's RuntimeEnvConfig: an int (600.0, our normal form, is whole)",
+    ),
+    ({"py_executable": "uv run"}, "py_executable", "uv run", "Ray >= 2.47 refuses a bare uv run"),
+    ({"py_executable": "/usr/local/bin/uv run"}, "py_executable", "uv run", "with a path"),
+    ({"conda": "/no/such/conda/prefix"}, "conda", "directory", "an absolute prefix must exist"),
+    ({"working_dir": "https://host.example/code"}, "working_dir", "archive", "http: an archive"),
+    ({"py_modules": ["https://host.example/pkg"]}, "py_modules.0", "archive", "http: archive"),
     (
         {"some_plugin_field": {}},
         "some_plugin_field",
