@@ -153,9 +153,9 @@ class ResourceBuild:
                 LIVE.add(proc.pid, started)
             assert proc.stdout is not None
             async for raw in proc.stdout:
-                line = redact_text(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                output.append(line)
-                self.log(line)
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                output.append(line)  # a BuildError made from it redacts its tail
+                self.log(line)  # redacted there, once
             returncode = await proc.wait()
         except BaseException:
             _kill_group(proc)
