@@ -91,8 +91,6 @@ class RuntimeEnvAgent:
         self._done: dict[str, asyncio.Future[None]] = {}
         self._resources = Resources(lambda: self.cache, self.limiter, self.registry)
         self._logs: dict[str, EnvLog] = {}
-        #: The resource URIs of each build in progress (recorded with the env when READY).
-        self._env_uris: dict[str, set[str]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._gc_lock = asyncio.Lock()
         self._stopping = False
@@ -183,10 +181,13 @@ class RuntimeEnvAgent:
         if must_build:
             # Registered before any await, so concurrent requests find the build to wait on.
             self._logs[env_id] = self._new_log(env_id)
-            self._done[env_id] = asyncio.get_running_loop().create_future()
-            self._builds[env_id] = asyncio.create_task(
+            done = self._done[env_id] = asyncio.get_running_loop().create_future()
+            task = self._builds[env_id] = asyncio.create_task(
                 self._build(spec), name=f"build {env_id[:12]}"
             )
+            # However the task ends (a task cancelled before it ever ran skips its own
+            # finally), its waiters are woken and its record does not stay PENDING.
+            task.add_done_callback(lambda _t: self._settle(env_id, record, done))
         new_holder = record.state is not EnvState.FAILED and await asyncio.to_thread(
             cache.add_ref, env_id, holder
         )
@@ -198,8 +199,12 @@ class RuntimeEnvAgent:
         """The env's context once READY; the ``BuildError`` if it failed."""
         _check_id(env_id)
         record = self._record(env_id)
-        if record.state in (EnvState.PENDING, EnvState.BUILDING):
+        while record.state in (EnvState.PENDING, EnvState.BUILDING):
             await asyncio.shield(self._done[env_id])
+            current = self._record(env_id)  # EnvNotFound: removed meanwhile
+            if current is record:
+                break
+            record = current  # rebuilt meanwhile: wait for the build that counts now
         if record.state is EnvState.FAILED:
             assert record.error is not None
             raise BuildError.from_json(record.error)
@@ -439,15 +444,29 @@ class RuntimeEnvAgent:
         limits = [t for t in (spec.config.setup_timeout_seconds, self.build_timeout) if t]
         return min(limits) if limits else None
 
+    def _settle(self, env_id: str, record: EnvRecord, done: asyncio.Future[None]) -> None:
+        """A build task ended: wake its waiters; a build cancelled before it started (a
+        DELETE or rebuild right after the request) fails its record instead of leaving it
+        PENDING. Only this build's own record and future are touched: a newer build of the
+        same env (after a rebuild) has its own."""
+        if self._machine.get(env_id) is record and record.state is EnvState.PENDING:
+            self._publish_state(self._machine.start(env_id, time.time()))
+            self._fail(env_id, BuildError("the build was cancelled", env_id=env_id))
+        if not done.done():
+            done.set_result(None)
+
     async def _build(self, spec: RuntimeEnvSpec) -> None:
         env_id = spec.env_id
         cache = self.cache
         log = self._logs[env_id]
+        # This build's own future and task: a rebuild may register newer ones for the env.
+        done = self._done.get(env_id)
+        this = asyncio.current_task()
         self._publish_state(self._machine.start(env_id, time.time()))
         deadline = self._deadline(spec)
         try:
             try:
-                context = await asyncio.wait_for(self._build_steps(spec, log), deadline)
+                context, uris = await asyncio.wait_for(self._build_steps(spec, log), deadline)
             except asyncio.TimeoutError:
                 running = [
                     n
@@ -464,7 +483,7 @@ class RuntimeEnvAgent:
                     log_path=str(log.path),
                 ) from None
             await asyncio.to_thread(
-                cache.record_env, env_id, spec.to_json(), context.to_json(), self._uris_of(env_id)
+                cache.record_env, env_id, spec.to_json(), context.to_json(), uris
             )
             self._publish_state(self._machine.succeed(env_id, context.to_json(), time.time()))
         except asyncio.CancelledError:
@@ -494,17 +513,12 @@ class RuntimeEnvAgent:
                 with contextlib.suppress(Exception):
                     if await asyncio.shield(asyncio.to_thread(cache.drop_refs, env_id)):
                         self._holders_changed(env_id)
-            done = self._done.get(env_id)
             if done is not None and not done.done():
                 done.set_result(None)
-            self._builds.pop(env_id, None)
-            self._env_uris.pop(env_id, None)
+            if self._builds.get(env_id) is this:
+                del self._builds[env_id]
         if not self._stopping and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes:
             self._spawn(self.gc())
-
-    def _uris_of(self, env_id: str) -> list[str]:
-        # The resources' own URIs (steps show them redacted).
-        return sorted(self._env_uris.get(env_id, ()))
 
     def _fail(self, env_id: str, error: BuildError) -> None:
         if (
@@ -515,7 +529,8 @@ class RuntimeEnvAgent:
                 self._machine.fail(env_id, error.to_json(), time.time()), error=error.to_json()
             )
 
-    async def _build_steps(self, spec: RuntimeEnvSpec, log: EnvLog) -> EnvContext:
+    async def _build_steps(self, spec: RuntimeEnvSpec, log: EnvLog) -> tuple[EnvContext, list[str]]:
+        """The env's context and its resources' own URIs (steps show them redacted)."""
         env_id = spec.env_id
         active = self._active(spec)
         uris: dict[str, list[str]] = {}
@@ -528,7 +543,6 @@ class RuntimeEnvAgent:
             for name, plugin, value in active
             for uri in uris[name]
         ]
-        self._env_uris[env_id] = {job.uri for job in jobs}
         tasks = [asyncio.create_task(self._need_resource(job)) for job in jobs]
         try:
             paths = await asyncio.gather(*tasks)
@@ -551,7 +565,7 @@ class RuntimeEnvAgent:
                 raise BuildError(
                     f"modify_context failed: {type(exc).__name__}: {exc}", env_id=env_id, step=name
                 ) from exc
-        return ctx.freeze(env_id)
+        return ctx.freeze(env_id), sorted({job.uri for job in jobs})
 
     async def _need_resource(self, job: ResourceJob) -> Path:
         """One step of a build: the resource ``uri``, with step events around it."""
