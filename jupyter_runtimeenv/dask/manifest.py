@@ -39,7 +39,9 @@ from ..plugins import _sources
 from ..plugins._hashing import FileEntry, Tree, blob_mode, hash_file, hash_tree
 from ..plugins._store import BLOB_MTIME_NS, blob_dir, blob_path, ensure_stored, materialize
 from ..spec import RuntimeEnvSpec
+from ..spec.files import BadFile
 from ..spec.model import canonical_dumps
+from ..spec.patterns import PatternError
 
 PREFIX = "jre-blob://"
 #: What may follow a blob's sha256: nothing (0444), ``x`` (0555) or ``m`` and a read-only mode.
@@ -158,7 +160,15 @@ class _Collector:
     limit: int
 
     def add(self, location: str, field: str) -> str:
-        """The placeholder for ``location``, its content hashed, listed and stored."""
+        """The placeholder for ``location``, its content hashed, listed and stored;
+        ``SpecError`` naming ``field`` for a file that is not read (a FIFO, /proc) or a
+        ``.gitignore`` past its bounds."""
+        try:
+            return self._add(location, field)
+        except (BadFile, PatternError) as exc:
+            raise SpecError(field, str(exc)) from None
+
+    def _add(self, location: str, field: str) -> str:
         if _sources.kind_of(location) in ("url", "remote"):
             return location  # http(s) or fsspec: the node fetches it itself
         name = os.path.basename(location.rstrip(os.sep)) or "root"

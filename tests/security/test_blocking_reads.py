@@ -127,3 +127,21 @@ def test_a_parse_that_hangs_times_out_and_does_not_hold_the_shutdown(
         server.proc.wait(60)
     except Exception:
         pytest.fail(f"the server did not exit within 60 s of SIGTERM ({server.log_path})")
+
+
+def test_the_dask_driver_refuses_what_it_cannot_read_naming_the_field(tmp_path: Path) -> None:
+    # The Dask executor hashes a spec's local files on the driver (dask/manifest.py): a FIFO
+    # or a pseudo-file there is the same one-line SpecError, never a hang.
+    from jupyter_runtimeenv.dask.manifest import build_manifest
+    from jupyter_runtimeenv.errors import SpecError
+    from jupyter_runtimeenv.spec import parse
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ok.py").write_text("x = 1\n")
+    spec = parse({"working_dir": str(tree)})
+    (tree / "status").symlink_to("/proc/self/status")
+    with pytest.raises(SpecError) as info:
+        build_manifest(spec, tmp_path / "store")
+    assert info.value.field == "working_dir"
+    assert "longer than its size" in info.value.reason
