@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -38,6 +39,22 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
         child.wait()
 
 
+def _spawn(children: list[subprocess.Popen[bytes]], argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` and wait (bounded) until it runs it: between fork and exec a child still
+    shows this process's command line."""
+    child = subprocess.Popen(argv)
+    children.append(child)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if psutil.Process(child.pid).cmdline() == argv:
+                return child
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+        assert time.monotonic() < deadline, f"{argv} never started"
+        time.sleep(0.01)
+
+
 def _reports(*pids: int, started: float | None = None) -> KernelReports:
     reports = KernelReports(lambda data: None, lambda kernel_id: os.getpid())
     workers = [{"pid": pid, **({"started": started} if started else {})} for pid in pids]
@@ -48,8 +65,7 @@ def _reports(*pids: int, started: float | None = None) -> KernelReports:
 def test_a_child_that_is_not_a_worker_is_never_killed(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
-    database = subprocess.Popen(SLEEP)  # a child of the "kernel", reported as a worker
-    children.append(database)
+    database = _spawn(children, SLEEP)  # a child of the "kernel", reported as a worker
     with pytest.raises(LookupError, match="not the worker bootstrap"):
         _reports(database.pid).stop_worker("k", database.pid)
     assert database.poll() is None
@@ -58,16 +74,14 @@ def test_a_child_that_is_not_a_worker_is_never_killed(
 def test_a_worker_started_for_another_process_is_never_killed(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
-    other = subprocess.Popen([*SLEEP, ENTRY, "--parent", "1"])
-    children.append(other)
+    other = _spawn(children, [*SLEEP, ENTRY, "--parent", "1"])
     with pytest.raises(LookupError, match="started for process 1"):
         _reports(other.pid).stop_worker("k", other.pid)
     assert other.poll() is None
 
 
 def test_a_recycled_pid_is_never_killed(children: list[subprocess.Popen[bytes]]) -> None:
-    worker = subprocess.Popen([*SLEEP, ENTRY, "--parent", str(os.getpid())])
-    children.append(worker)
+    worker = _spawn(children, [*SLEEP, ENTRY, "--parent", str(os.getpid())])
     earlier = psutil.Process(worker.pid).create_time() - 3600  # reported for another process
     with pytest.raises(LookupError, match="recycled pid"):
         _reports(worker.pid, started=earlier).stop_worker("k", worker.pid)
@@ -75,8 +89,7 @@ def test_a_recycled_pid_is_never_killed(children: list[subprocess.Popen[bytes]])
 
 
 def test_a_worker_of_the_kernel_is_killed(children: list[subprocess.Popen[bytes]]) -> None:
-    worker = subprocess.Popen([*SLEEP, ENTRY, "--parent", str(os.getpid())])
-    children.append(worker)
+    worker = _spawn(children, [*SLEEP, ENTRY, "--parent", str(os.getpid())])
     started = psutil.Process(worker.pid).create_time()
     _reports(worker.pid, started=started).stop_worker("k", worker.pid)
     assert worker.wait(timeout=30) == -9

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
+import psutil
 import pytest
 
 import jupyter_runtimeenv
@@ -67,10 +70,21 @@ def test_only_a_reported_child_of_the_kernel_is_stopped() -> None:
     # The "kernel" is this process; its child sleeps with a worker's command line (the
     # bootstrap's path, started for this process); an unrelated process is not its child.
     entry = os.path.join(os.path.dirname(jupyter_runtimeenv.__file__), "workers", "_entry.py")
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", entry, "--parent", str(os.getpid())]
-    )
+    argv = [
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+        entry,
+        "--parent",
+        str(os.getpid()),
+    ]
+    child = subprocess.Popen(argv)
     try:
+        for _ in range(6000):  # between fork and exec it still shows this process's cmdline
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(child.pid).cmdline() == argv:
+                    break
+            time.sleep(0.01)
         reports = KernelReports(lambda data: None, lambda kernel_id: os.getpid())
         report = {"pools": [{"env_id": "e", "workers": [{"pid": child.pid}, {"pid": 1234567}]}]}
         reports.put("k", validate_report(report))
