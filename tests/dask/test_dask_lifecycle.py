@@ -121,9 +121,20 @@ def test_nodes_that_join_later_get_the_environment(own_cluster: Any, tmp_path: P
         (work / "note.txt").write_text("shipped once")
         env = jre.parse({"working_dir": str(work)})
         executor.prepare(env)
-        before = set(client.run(os.getpid))
-        client.restart()  # new worker processes: new nodes, with the plugin, without the env
-        assert set(client.run(os.getpid)).isdisjoint(before)
+        before = client.run(os.getpid)
+        # Two new nodes join (with the plugin, without the env); the old ones leave gracefully.
+        # Not client.restart(): under load its nanny kill timeout (4 s) restarted a worker a
+        # second time, losing the task's worker mid-test.
+        own_cluster.scale(4)
+        client.wait_for_workers(4, timeout=120)
+        client.retire_workers(workers=list(before), close_workers=True)
+        deadline = time.monotonic() + 120
+        while set(client.scheduler_info()["workers"]) & set(before):
+            assert time.monotonic() < deadline, "the old nodes never left"
+            time.sleep(0.1)
+        after = client.run(os.getpid)
+        assert len(after) == 2
+        assert set(after.values()).isdisjoint(before.values())
         future = executor.submit(_read, ("note.txt",), {}, runtime_env=env, name="read")
         assert future.result(120) == "shipped once"
     finally:
