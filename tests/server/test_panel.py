@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -226,9 +227,13 @@ async def test_a_kernels_workers_are_reported_stopped_and_dropped_with_the_kerne
 
 STUCK = """
 @remote
-def stuck():
+def stuck(marker):
+    import os, time
+    with open(marker + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)  # whole: the test polls for it
     time.sleep(600)
-busy = stuck.remote()
+busy = stuck.remote({marker!r})
 """
 
 OUTCOME = """
@@ -240,7 +245,7 @@ except Exception as exc:
 
 
 async def test_a_worker_stopped_from_the_sidebar_is_said_to_be_stopped_not_killed(
-    jp_fetch: Any, jp_serverapp: Any
+    jp_fetch: Any, jp_serverapp: Any, tmp_path: Path
 ) -> None:
     # Issue 21 item 11: its task's error read "killed by signal 9 (SIGKILL)", like the OOM
     # killer's work.
@@ -252,14 +257,18 @@ async def test_a_worker_stopped_from_the_sidebar_is_said_to_be_stopped_not_kille
     jp_serverapp.event_logger.add_listener(schema_id=WORKERS_SCHEMA_ID, listener=listener)
     kernel_id = await start_kernel(jp_fetch, "python3")
     await run(jp_serverapp, kernel_id, WORK)
-    await run(jp_serverapp, kernel_id, STUCK)
-
-    def busy_pid(event: dict[str, Any]) -> int | None:
-        workers = [w for p in event.get("pools", []) for w in p["workers"]]
-        return next((w["pid"] for w in workers if w["busy"]), None)
-
-    pid = busy_pid(await next_report(events, lambda e: busy_pid(e) is not None))
-    assert pid is not None
+    marker = tmp_path / "stuck.pid"
+    await run(jp_serverapp, kernel_id, STUCK.format(marker=str(marker)))
+    # The worker running the call, not one the report calls busy: a worker holding a call it
+    # has not started yet is busy too, and its call would rerun elsewhere once it is stopped.
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the task never started"
+        await asyncio.sleep(0.05)
+    pid = int(marker.read_text())
+    await next_report(
+        events, lambda e: any(w["pid"] == pid for p in e.get("pools", []) for w in p["workers"])
+    )
     await call(jp_fetch, "DELETE", "kernels", kernel_id, "workers", str(pid))
     out = (await run(jp_serverapp, kernel_id, OUTCOME)).strip()
     assert out == f"BrokenWorker worker pid {pid} was stopped from the sidebar while running stuck"
