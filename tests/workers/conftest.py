@@ -47,17 +47,25 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
 
 @pytest.fixture(autouse=True)
 def no_leaked_workers() -> Iterator[None]:
+    # Only what this test started counts: in a whole-suite run, processes another folder's
+    # tests left (seen in CI: workers started minutes before, by then children of this
+    # process) are not this test's leak and must not fail it. psutil.Process compares by
+    # pid and start time, so a recycled pid is new.
+    before = set(worker_children())
+    zombies_before = set(_zombie_children())
     yield
     api.shutdown()
     zygote.stop_all()  # templates outlive executors (they serve the process); not tests
-    leftovers = worker_children()
+    leftovers = [p for p in worker_children() if p not in before]
     for proc in leftovers:
         processes.kill(proc)
     assert not leftovers, f"worker processes left behind: {[p.pid for p in leftovers]}"
     # Every process we started was waited for: no zombie either (a grace for reader
     # threads still reaping a worker that just died).
     deadline = time.monotonic() + 5
-    while (zombies := _zombie_children()) and time.monotonic() < deadline:
+    while (
+        zombies := [z for z in _zombie_children() if z not in zombies_before]
+    ) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not zombies, f"zombie processes left behind: {zombies}"
 
