@@ -7,6 +7,8 @@ After every test no worker process of ours may be left, running or zombie (psuti
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +53,15 @@ def no_leaked_workers() -> Iterator[None]:
     # tests left (seen in CI: workers started minutes before, by then children of this
     # process) are not this test's leak and must not fail it. psutil.Process compares by
     # pid and start time, so a recycled pid is new.
+    # Those are ended here, so that this test starts from none (tests here assert that no
+    # worker process is left once a pool closes).
+    stale = worker_children()
+    for proc in stale:
+        processes.kill(proc)
+    processes.wait_gone([p.pid for p in stale], 10)
+    for proc in stale:  # our own children among them: reaped, not left as zombies
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(proc.pid, os.WNOHANG)
     before = set(worker_children())
     zombies_before = set(_zombie_children())
     yield
