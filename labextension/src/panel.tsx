@@ -35,6 +35,12 @@ import {
 } from './format';
 import { IGroup, declaredNames } from './groups';
 import { IEnv, IEnvWorker, IGcPlan, RuntimeEnvModel } from './model';
+import { INotifier, Progress } from './notice';
+
+const NOTIFIER: INotifier = {
+  emit: (text, type, options) => Notification.emit(text, type, options),
+  dismiss: id => Notification.dismiss(id)
+};
 
 export interface IPanelOptions {
   model: RuntimeEnvModel;
@@ -122,26 +128,27 @@ class Actions implements ICardActions {
         return;
       }
     }
-    const id = Notification.emit(`Rebuilding ${name}…`, 'in-progress', { autoClose: false });
+    const progress = new Progress(`Rebuilding ${name}…`, NOTIFIER);
     try {
       await this.model.rebuild(env.env_id, held);
       const end = await this.model.waitForEnd(env.env_id);
       if (end?.state === 'READY') {
-        Notification.update({ id, message: `${name} rebuilt: READY`, type: 'success', autoClose: 5000 });
+        progress.end(`${name} rebuilt: READY`, 'success', { autoClose: 5000 });
       } else if (end?.state === 'FAILED') {
         const step = failedStep(end);
-        Notification.update({
-          id,
-          message: `Rebuild of ${name} failed${step ? ` at ${step}` : ''}: ${firstLine(end.error?.message)}`,
-          type: 'error',
-          autoClose: false,
-          actions: [{ label: 'View log', callback: () => this.viewLog(env.env_id) }]
-        });
+        progress.end(
+          `Rebuild of ${name} failed${step ? ` at ${step}` : ''}: ${firstLine(end.error?.message)}`,
+          'error',
+          {
+            autoClose: false,
+            actions: [{ label: 'View log', callback: () => this.viewLog(env.env_id) }]
+          }
+        );
       } else {
-        Notification.update({ id, message: `${name}: the rebuild is still running`, type: 'info', autoClose: 5000 });
+        progress.end(`${name}: the rebuild is still running`, 'info', { autoClose: 5000 });
       }
     } catch (reason) {
-      Notification.update({ id, message: `Rebuild of ${name}: ${message(reason)}`, type: 'error', autoClose: false });
+      progress.end(`Rebuild of ${name}: ${message(reason)}`, 'error', { autoClose: false });
     }
   }
 
