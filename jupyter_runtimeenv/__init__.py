@@ -7,9 +7,9 @@ inside it. Names are imported lazily so that ``import jupyter_runtimeenv`` stays
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import exports
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -153,14 +153,4 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jupyter_runtimeenv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = exports(__name__, _EXPORTS, __all__)
