@@ -21,6 +21,10 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="jre-test-cache-")
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["JUPYTER_RUNTIMEENV_CACHE"] = _SESSION_CACHE
+    # Agents use the user's own uv cache by default (plugins/_uv.py); the tests' installs of
+    # their own wheelhouse must not land in the developer's ~/.cache/uv. The tests of that
+    # choice (tests/plugins/test_uv_cache.py) unset this.
+    os.environ["JUPYTER_RUNTIMEENV_UV_CACHE"] = "private"
     # Kernels and servers started by tests must not find a developer's running server.
     os.environ.pop("JUPYTER_RUNTIMEENV_URL", None)
     os.environ.pop("JUPYTER_RUNTIMEENV_TOKEN", None)

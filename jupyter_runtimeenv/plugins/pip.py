@@ -46,7 +46,7 @@ from . import _requirements as reqs
 from ._constraints import installed_versions, pins_for
 from ._interpreter import Interpreter, interpreter
 from ._support import write_support
-from ._uv import installer_env, uv_bin
+from ._uv import installer_env, uv_bin, uv_cache
 from .base import BuildContext, RuntimeEnvPlugin
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ class PipPlugin(RuntimeEnvPlugin):
         venv = build.target
         installer = build.spec.config.installer
         env = installer_env(build.cache_root)
+        build.log(f"uv cache: {env['UV_CACHE_DIR']} ({uv_cache(build.cache_root)[1]})")
         python = venv_python(venv)
         base = await build.to_thread(base_of, build.spec)
         async with build.limit("install"):
