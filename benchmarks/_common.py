@@ -23,6 +23,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SMALL = ["six", "attrs", "packaging"]
 NUMPY = ["numpy"]
+#: W9: real data-science packages as users install them (their dependencies come along).
+DATA = ["pandas", "scikit-learn"]
+DATA_MODULES = ["pandas", "sklearn"]
 #: The four different pip envs of W3 (each run adds its own ``>=0.0.N`` pin: new envs).
 FOUR = [["six"], ["attrs"], ["packaging"], ["six", "attrs"]]
 MISSING = "jre-no-such-package-zzz"
@@ -207,20 +210,41 @@ def python_start(reps: int, python: str = sys.executable) -> list[float]:
 
 def wheelhouse() -> Path:
     """The wheels every install of every tool uses (``--no-index --find-links``), fetched
-    once with ``pip download`` into ``benchmarks/.wheelhouse`` (``$JRE_BENCH_WHEELHOUSE``)."""
+    once with ``pip download`` into ``benchmarks/.wheelhouse`` (``$JRE_BENCH_WHEELHOUSE``).
+
+    W9's wheels come twice where this interpreter has other versions than the newest: a
+    layered env resolves against the kernel's versions (``pip``'s constraints), which a user
+    with an index gets, so the wheelhouse must hold them too (python-dateutil 2.9 here)."""
     where = Path(os.environ.get("JRE_BENCH_WHEELHOUSE") or HERE / ".wheelhouse")
     where.mkdir(parents=True, exist_ok=True)
-    names = {p.name.split("-")[0].lower() for p in where.glob("*.whl")}
-    if not {*SMALL, *NUMPY} <= names:
+    names = {p.name.split("-")[0].lower().replace("_", "-") for p in where.glob("*.whl")}
+    if not {*SMALL, *NUMPY, *DATA} <= names:
         progress(f"downloading wheels into {where} (pip, from the package index) ...")
-        subprocess.run(
-            [
-                *(sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"),
-                *("--dest", str(where), *SMALL, *NUMPY),
-            ],
-            check=True,
-        )
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
+        subprocess.run([*pip, "--dest", str(where), *SMALL, *NUMPY, *DATA], check=True)
+        if pins := kernel_pins(where):
+            subprocess.run([*pip, "--no-deps", "--dest", str(where), *pins], check=True)
     return where
+
+
+def kernel_pins(where: Path) -> list[str]:
+    """``name==version`` of this interpreter's installed versions of the wheelhouse's
+    packages, where they differ from every wheel there."""
+    import importlib.metadata
+
+    have: dict[str, set[str]] = {}
+    for wheel in where.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        have.setdefault(name.lower().replace("_", "-"), set()).add(version)
+    pins = []
+    for name, versions in have.items():
+        try:
+            mine = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if mine not in versions:
+            pins.append(f"{name}=={mine}")
+    return pins
 
 
 # -- memory: resident set sizes from /proc -------------------------------------------------

@@ -44,9 +44,16 @@ def imports_argv(python: str, packages: list[str]) -> list[str]:
     return [python, "-c", "import " + ", ".join(packages)]
 
 
-def floor_env(tmp: Path, cache: Path, packages: list[str], fails: bool = False) -> float:
-    """uv venv + uv pip install + imports: the least any tool can do. With ``fails``, an
-    install expected to fail (a missing package): uv venv + the failing install."""
+def floor_env(
+    tmp: Path,
+    cache: Path,
+    packages: list[str],
+    fails: bool = False,
+    modules: list[str] | None = None,
+) -> float:
+    """uv venv + uv pip install + imports (``modules``, default the packages' names): the
+    least any tool can do. With ``fails``, an install expected to fail (a missing package):
+    uv venv + the failing install."""
     venv = tmp / f"floor-{time.monotonic_ns()}"
     env = {**os.environ, "UV_CACHE_DIR": str(cache), "UV_LINK_MODE": "hardlink"}
     start = time.perf_counter()
@@ -59,7 +66,7 @@ def floor_env(tmp: Path, cache: Path, packages: list[str], fails: bool = False) 
     if fails == (done.returncode == 0):
         raise SystemExit(f"{install}: exit code {done.returncode}")
     if not fails:
-        subprocess.run(imports_argv(python, packages), check=True)
+        subprocess.run(imports_argv(python, modules or packages), check=True)
     elapsed = time.perf_counter() - start
     shutil.rmtree(venv)
     return elapsed

@@ -10,6 +10,7 @@ the next cell) and time the first call; their "no early start" twins time a firs
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import struct
@@ -28,6 +29,8 @@ import bench_server_loop
 import bench_w10
 import cloudpickle
 from _common import (
+    DATA,
+    DATA_MODULES,
     FOUR,
     MISSING,
     NUMPY,
@@ -51,7 +54,7 @@ from _common import (
     stats,
     timed,
 )
-from bench_packages import floor_env
+from bench_packages import floor_env, imports_argv
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
@@ -107,6 +110,21 @@ def fork_first_results(reps: int) -> list[float]:
         template.wait(10)
 
 
+@contextmanager
+def uv_cache(path: Path) -> Iterator[None]:
+    """The user's uv cache (``$UV_CACHE_DIR``) is ``path`` meanwhile: the agent uses it
+    (``plugins/_uv.py``: it is on the cache root's filesystem), as the floor does."""
+    before = os.environ.get("UV_CACHE_DIR")
+    os.environ["UV_CACHE_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("UV_CACHE_DIR", None)
+        else:
+            os.environ["UV_CACHE_DIR"] = before
+
+
 class Ours:
     """The workloads, over one scratch directory; ``results`` and ``floors`` fill up."""
 
@@ -160,35 +178,95 @@ class Ours:
 
     def w1(self) -> None:
         r = self.reps
-        for label, packages, runs in (("W1", SMALL, r["pip"]), ("W1n", NUMPY, r["numpy"])):
+        for label, packages, modules, runs in (
+            ("W1", SMALL, SMALL, r["pip"]),
+            ("W1n", NUMPY, NUMPY, r["numpy"]),
+            ("W9", DATA, DATA_MODULES, r["numpy"]),
+        ):
             progress(f"ours {label} cold")
             self.floors[f"{label} cold"] = stats(
-                repeat(runs, lambda _i, p=packages: floor_env(self.tmp, self.fresh("uv"), p))
+                repeat(
+                    runs,
+                    lambda _i, p=packages, m=modules: floor_env(
+                        self.tmp, self.fresh("uv"), p, modules=m
+                    ),
+                )
             )
 
-            def cold(i: int, p: list[str] = packages) -> float:
-                with self.agent() as client, self.executor(client):
+            # Cold: a new agent whose uv cache (the user's, as on a machine where uv never
+            # ran) is new too; warm: the floor's warm cache, the same files.
+            def cold(i: int, p: list[str] = packages, m: list[str] = modules) -> float:
+                with uv_cache(self.fresh("uv")), self.agent() as client, self.executor(client):
                     env = self.pip(pinned(p, 100 + i))
-                    return timed(lambda: self.call(import_all, env, p))
+                    return timed(lambda: self.call(import_all, env, m))
 
             self.results[f"{label} cold"] = stats(repeat(runs, cold))
+            if label == "W9":
+                progress("ours W9 CLI cold")
+                self.results["W9 CLI cold"] = stats(
+                    repeat(runs, lambda i: self.cli(DATA, DATA_MODULES, 300 + i, self.fresh("uv")))
+                )
             progress(f"ours {label} warm")
             warm_cache = self.fresh("uv")
-            floor_env(self.tmp, warm_cache, packages)
+            floor_env(self.tmp, warm_cache, packages, modules=modules)
             self.floors[f"{label} warm"] = stats(
-                repeat(runs, lambda _i, p=packages, c=warm_cache: floor_env(self.tmp, c, p))
+                repeat(
+                    runs,
+                    lambda _i, p=packages, m=modules, c=warm_cache: floor_env(
+                        self.tmp, c, p, modules=m
+                    ),
+                )
             )
-            with self.agent() as client, self.executor(client):
-                self.call(import_all, self.pip(pinned(packages, 900)), packages)  # warms uv
+            with uv_cache(warm_cache), self.agent() as client, self.executor(client):
+                self.call(import_all, self.pip(pinned(packages, 900)), modules)  # warms up
 
-                def warm(i: int, p: list[str] = packages) -> float:
+                def warm(i: int, p: list[str] = packages, m: list[str] = modules) -> float:
                     env = self.pip(pinned(p, 200 + i))
-                    return timed(lambda: self.call(import_all, env, p))
+                    return timed(lambda: self.call(import_all, env, m))
 
                 self.results[f"{label} warm"] = stats(repeat(runs, warm))
                 if label == "W1":
                     self.w2(client)
                     self.w3(client, warm_cache)
+            if label == "W9":
+                progress("ours W9 CLI warm")
+                root = self.fresh("cli")
+                self.results["W9 CLI warm"] = stats(
+                    repeat(
+                        runs,
+                        lambda i, c=warm_cache, d=root: self.cli(DATA, DATA_MODULES, 400 + i, c, d),
+                    )
+                )
+            for key in (f"{label} CLI cold", f"{label} CLI warm"):
+                if key in self.results:
+                    self.floors[key] = self.floors[key.replace(" CLI", "")]
+
+    def cli(
+        self,
+        packages: list[str],
+        modules: list[str],
+        run: int,
+        cache: Path,
+        root: Path | None = None,
+    ) -> float:
+        """``jupyter runtimeenv build --json SPEC`` (a new process, its own agent on ``root``
+        or a new cache root), then the imports in the env's python: W9 as a terminal user."""
+        spec = json.dumps(self.pip(pinned(packages, run)))
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIMEENV_CACHE": str(root or self.fresh("cli")),
+            "UV_CACHE_DIR": str(cache),
+        }
+        cli = Path(sys.executable).parent / "jupyter-runtimeenv"
+        start = time.perf_counter()
+        built = subprocess.run(
+            [str(cli), "build", "--json", spec], env=env, capture_output=True, text=True
+        )
+        if built.returncode:
+            raise SystemExit(f"jupyter runtimeenv build: {built.stderr.strip()[-2000:]}")
+        python = json.loads(built.stdout)["context"]["python"]
+        subprocess.run(imports_argv(python, modules), check=True)
+        return time.perf_counter() - start
 
     def w2(self, client: EmbeddedClient) -> None:
         """Round trips on an idle worker of the W1 env; then that env cached, a new worker."""

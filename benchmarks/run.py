@@ -15,7 +15,8 @@ envs, kernels; a table of the per-unit costs, a log-log PNG chart next to the JS
 ``--chart``); its JSON has a ``scaling`` object with one list of rows per curve.
 
 Set-up, made once into ignored folders: ``benchmarks/.wheelhouse`` (six, attrs,
-packaging, numpy; ``pip download``: the only network use), ``benchmarks/.peers/ray``
+packaging, numpy, pandas, scikit-learn and their dependencies; ``pip download``: the only
+network use), ``benchmarks/.peers/ray``
 (``ray[default]``) and ``benchmarks/.peers/dask`` (``distributed``), both from the package
 index. Every install of every tool is ``--no-index --find-links`` that wheelhouse. The peers
 run as subprocesses (``peer_ray.py``, ``peer_dask.py``) in their venvs, on 127.0.0.1.
@@ -60,6 +61,7 @@ PEER_CAPS = {"pip": 1, "numpy": 1, "w3": 1, "wd": 3, "start": 2, "w8": 1}
 OURS_ONLY = {
     "W2b cold", "W6 cold", "W6 at once", "W6 fork", "W10 numpy", "W10 pandas",
     "K1", "K1 load_ext", "K1 embedded", "K1 embedded load_ext",
+    "W9 cold", "W9 warm", "W9 CLI cold", "W9 CLI warm",
 }  # fmt: skip
 TARGETS_5X = {"W1 cold", "W1 warm", "W2b", "W3", "W5 first", "W5 unchanged", "W5 one byte", "W8"}
 
@@ -76,6 +78,20 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("W1 warm", "W1 the same, uv cache warm", "the same, warm", ("x", 1.2)),
     ("W1n cold", "W1n pip numpy, uv cache cold", "uv venv + install + import", ("x", 1.2)),
     ("W1n warm", "W1n pip numpy, uv cache warm", "the same, warm", ("x", 1.2)),
+    (
+        "W9 cold",
+        "W9 pip pandas + scikit-learn, submit → result, uv cache cold",
+        "uv venv + uv pip install + imports",
+        ("x", 1.1),
+    ),
+    ("W9 warm", "W9 the same, uv cache warm (the floor's cache)", "the same, warm", ("x", 1.1)),
+    (
+        "W9 CLI cold",
+        "W9 through the CLI: jupyter runtimeenv build + imports, uv cache cold",
+        "uv venv + uv pip install + imports",
+        ("x", 1.1),
+    ),
+    ("W9 CLI warm", "W9 the CLI, uv cache warm (the floor's cache)", "the same, warm", ("x", 1.1)),
     ("W2", "W2 same env, idle worker round trip", "raw pipe round trip", ("s", 0.00006)),
     (
         "W2b",
