@@ -10,6 +10,7 @@ extension::
         "spec": {"pip": {"packages": ["six"]}, "working_dir": "data", "env_vars": {"MODE": "x"}},
         "env_id": "3f2a...",          # the kernel's id of it when saved (what %runtime_env
                                       # --list showed; another machine's differs)
+        "lock": "lock-version = \"1.0\"\n...",   # pylock.toml of the env as built (locks)
         "named": {"slow": {"spec": {"env_vars": {"SPEED": "slow"}}, "env_id": "9b1c..."}},
         "saved": "2026-12-02T19:00:00Z"
       }
@@ -20,7 +21,9 @@ extension::
 directory; the machine-specific fields the driver fills in itself (``driver_python`` and a
 resolved ``driver_sys_path``) are left out. ``declare`` (run in the kernel by the sidebar's
 "declare" button) makes ``spec`` the kernel's default, like ``%runtime_env --file``, and
-declares each named env, like ``%%runtime_env --name NAME``.
+declares each named env, like ``%%runtime_env --name NAME``. An env saved with a ``lock``
+(PEP 751 ``pylock.toml`` text; envs with pip/uv packages) is declared with its packages
+pinned to the lock's versions (``--lock``) unless ``upgrade`` asks for a new resolution.
 """
 
 from __future__ import annotations
@@ -96,24 +99,30 @@ def declare(
     spec: Mapping[str, Any] | None,
     notebook_dir: str | None = None,
     named: Mapping[str, Mapping[str, Any]] | None = None,
+    locks: Mapping[str, str] | None = None,
+    upgrade: bool = False,
 ) -> None:
     """Make ``spec`` (relative to ``notebook_dir``, default the cwd: a kernel's cwd is its
     notebook's directory) the notebook's default environment, as ``%runtime_env --file`` does
     (merged over the current default), and declare each of ``named`` as that name, as
     ``%%runtime_env --name NAME`` does (the saved spec is the env); each is built at once with
-    the build widget when eager. Every spec is parsed before any is declared: a bad one
-    declares nothing and names its field.
+    the build widget when eager. ``locks`` maps an env's name (``""``: the default) to its
+    saved ``pylock.toml`` text: its packages are pinned to the lock's versions, unless
+    ``upgrade`` (then each resolves as written, like ``%runtime_env --upgrade``). Every spec
+    and lock is read before any is declared: a bad one declares nothing and names its field.
 
     Who calls it: code the sidebar's "declare" button runs in the notebook's kernel.
     """
     from IPython import get_ipython
 
     from .errors import SpecError
+    from .locks import locked_spec, pip_field
     from .session import check_name
     from .spec import parse
     from .spec.paths import base_dir
 
     directory = os.path.abspath(notebook_dir or os.getcwd())
+    locks = {} if upgrade else dict(locks or {})
     resolved: list[tuple[str | None, dict[str, Any]]] = []
     with base_dir(directory):  # relative paths resolved, errors named
         if spec is not None:
@@ -124,19 +133,36 @@ def declare(
                 resolved.append((name, parse(dict(named_spec)).to_json()))
             except SpecError as exc:
                 raise exc.within(f"named.{name}") from None
+        # Only an env with pip/uv packages has versions to pin.
+        locks = {
+            env_name or "": locks[env_name or ""]
+            for env_name, absolute in resolved
+            if (env_name or "") in locks and pip_field(absolute)
+        }
+        for env_name, absolute in resolved:
+            lock = locks.get(env_name or "")
+            if lock is not None:  # readable, or nothing is declared
+                where = f"named.{env_name}.lock" if env_name else "lock"
+                parse(locked_spec(absolute, lock, where))
     shell = get_ipython()
     if shell is None:
         raise RuntimeError("declare() runs in an IPython kernel")
     if "runtime_env" not in shell.magics_manager.magics["line"]:
         shell.run_line_magic("load_ext", "jupyter_runtimeenv")
-    for env_name, absolute in resolved:
-        if env_name is not None:
-            shell.run_cell_magic("runtime_env", f"--name {env_name}", json.dumps(absolute))
-            continue
-        fd, path = tempfile.mkstemp(prefix="runtime-env-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
+    with tempfile.TemporaryDirectory(prefix="runtime-env-") as temp:
+        for env_name, absolute in resolved:
+            flags = " --upgrade" if upgrade else ""
+            lock = locks.get(env_name or "")
+            if lock is not None:
+                lock_path = os.path.join(temp, "pylock.toml")
+                with open(lock_path, "w", encoding="utf-8") as file:
+                    file.write(lock)
+                flags = f" --lock {shlex.quote(lock_path)}"
+            if env_name is not None:
+                body = json.dumps(absolute)
+                shell.run_cell_magic("runtime_env", f"--name {env_name}{flags}", body)
+                continue
+            path = os.path.join(temp, "spec.json")
+            with open(path, "w", encoding="utf-8") as file:
                 json.dump(absolute, file)
-            shell.run_line_magic("runtime_env", f"--file {shlex.quote(path)}")
-        finally:
-            os.unlink(path)
+            shell.run_line_magic("runtime_env", f"--file {shlex.quote(path)}{flags}")

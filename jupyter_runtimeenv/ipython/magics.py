@@ -178,6 +178,9 @@ class RuntimeEnvMagics(Magics):
         #: eager build took.
         self._held: dict[str | None, tuple[str, str]] = {}
         self._lock = threading.Lock()
+        #: env name -> the spec as it was before ``--lock`` pinned it (what ``--upgrade``
+        #: resolves); flags given later are merged into both.
+        self._unlocked: dict[str | None, RuntimeEnvSpec] = {}
         self._builds = 0
         #: Show builds in a widget: ``None`` decides by the shell (``widgets_available``).
         self.widget: bool | None = None
@@ -208,6 +211,16 @@ class RuntimeEnvMagics(Magics):
         "--background",
         action="store_true",
         help="return at once; the build goes on (shown live in a widget), the first task waits",
+    )
+    @argument(
+        "--lock",
+        metavar="PYLOCK",
+        help="pin the pip/uv packages to the versions of this PEP 751 pylock.toml",
+    )
+    @argument(
+        "--upgrade",
+        action="store_true",
+        help="resolve the spec's own requirements, without the lock --lock (or Declare) gave it",
     )
     @argument("--list", action="store_true", help="the default and named envs, ids and states")
     @argument("--clear", action="store_true", help="forget the default (or --name) runtime env")
@@ -241,6 +254,7 @@ class RuntimeEnvMagics(Magics):
             elif not session.forget(name):
                 raise UsageError(f"runtime_env: no environment named {name!r}")
             self.release(name)
+            self._unlocked.pop(name, None)
             print(f"runtime env {name!r} forgotten" if name else "default runtime env cleared")
             return
         current = api.default_runtime_env() if name is None else _named(name)
@@ -250,9 +264,21 @@ class RuntimeEnvMagics(Magics):
                 raise UsageError(f"runtime_env: no environment named {name!r}")
             print(show(current, held[0] if held else None, name))
             return
+        if args.lock and args.upgrade:
+            raise UsageError("runtime_env: --upgrade resolves without a lock: drop --lock")
+        unlocked = self._unlocked.get(name) if cell is None else None
         try:
             base = current if cell is None else spec_from_body(cell)
+            if args.upgrade and unlocked is not None:
+                base = unlocked  # the spec as written, before a lock pinned it
             spec = spec_from_args(args, base)
+            if args.lock:
+                unlocked = spec
+                spec = _locked(spec, args.lock)
+            elif unlocked is not None and not args.upgrade:
+                unlocked = spec_from_args(args, unlocked)  # for a later --upgrade
+            else:
+                unlocked = None
         except SpecError as exc:
             # One line: some reasons (packaging's) add a caret diagram below.
             raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
@@ -270,6 +296,11 @@ class RuntimeEnvMagics(Magics):
             api.init(runtime_env=spec)
         else:
             session.declare(name, spec)
+        with self._lock:
+            if unlocked is None:
+                self._unlocked.pop(name, None)
+            else:
+                self._unlocked[name] = unlocked
         if spec.config.eager_install:
             # Its first worker starts now (once the env is READY), so the first call skips that.
             api.prestart(spec)
@@ -421,6 +452,21 @@ def _cluster_listing(cluster: ClusterExecutor, declared: list[dict[str, Any]]) -
         rows.append((entry["name"] or "(default)", entry["env_id"][:12], state))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
+
+
+def _locked(spec: RuntimeEnvSpec, path: str) -> RuntimeEnvSpec:
+    """``spec`` with its pip/uv packages pinned to the lock file ``path``'s versions."""
+    from ..locks import locked_spec, pip_field
+
+    data = spec.to_json()
+    if pip_field(data) is None:
+        raise SpecError("--lock", "this env has no pip or uv packages to pin")
+    try:
+        with open(resolve_path(path), encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("--lock", f"cannot read {path}: {exc}") from None
+    return parse(locked_spec(data, text, "--lock"))
 
 
 def _has_flags(line: str, name: str | None) -> bool:

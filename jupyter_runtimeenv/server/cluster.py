@@ -27,7 +27,8 @@ from tornado import web
 
 from .cluster_report import listed
 from .handlers import API_PREFIX, _handles_done
-from .panel import _KERNEL_ID, PanelHandler, WorkerHandler
+from .panel import _KERNEL_ID, WorkerHandler
+from .panel_base import PanelHandler
 
 #: How long the sidebar's Stop or GC waits for the kernel's answer; how long a kernel's
 #: poll is held open at most.

@@ -6,10 +6,10 @@
 | ``envs/{env_id}/rebuild`` | POST: retry a failed env, or remove an unheld one and build it again |
 | ``kernels`` | GET every kernel's last report |
 | ``kernels/{kernel_id}`` | POST a kernel's report (its pools, its declared env); GET it |
-| ``kernels/{kernel_id}/notebook_env`` | GET the kernel's declared env as notebook metadata |
 | ``kernels/{kernel_id}/workers/{pid}`` | DELETE: stop one reported worker |
-| ``notebook_env`` | POST a notebook's ``metadata.runtime_env``: the state of its env |
 | ``gc/unreferenced`` | GET the envs nobody holds and the bytes each frees; POST: remove them |
+
+and ``notebook_env.py``'s two routes (a notebook's carried envs and their locks).
 
 Holders are named as a user knows them: ``kernel:<id>...`` becomes the notebook path of the
 kernel's session (or ``kernel <id8>``), ``cli`` becomes ``CLI``, the magic's and pools' holders
@@ -20,28 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import posixpath
 import re
-from typing import Any, Protocol
+from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..errors import EnvInUse, EnvNotFound, SpecError
-from ..notebook_meta import DRIVER_FIELDS, notebook_metadata
+from ..errors import EnvInUse, EnvNotFound
 from ..spec.ids import is_env_id
-from ..spec.paths import base_dir
 from .cluster_report import validate_full
 from .handlers import (
     API_PREFIX,
     DEFAULT_HOLDER,
-    SETTINGS_KEY,
-    AgentHost,
-    RuntimeEnvHandler,
     _handles_done,
 )
-from .kernels import MAX_REPORT_BYTES, KernelReports, ReportError
+from .kernels import MAX_REPORT_BYTES, ReportError
+from .notebook_env import KernelNotebookEnvHandler, NotebookEnvHandler
+from .panel_base import PanelHandler
 
 _KERNEL_ID = r"(?P<kernel_id>[0-9A-Za-z_-]{1,64})"
 #: The overview reads the stored spec (for its brief) of this many most recently used envs;
@@ -51,7 +46,6 @@ OVERVIEW_PAGE = 500
 _KERNEL_HOLDER = re.compile(r"^kernel:(?P<id>[^/]+)(?:/(?P<rest>.*))?$")
 #: The holder of a rebuild nobody else holds, for as long as the build runs.
 REBUILD_HOLDER = "rebuild"
-_STATE_OF_NOTEBOOK_ENV = {"READY": "cached", "BUILDING": "building", "PENDING": "building"}
 
 
 def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
@@ -80,71 +74,6 @@ def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
     if holder.startswith("pool:"):
         return {"id": holder, "label": "workers (script)", "kind": "pool"}
     return {"id": holder, "label": holder, "kind": "other"}
-
-
-class PanelHost(AgentHost, Protocol):
-    """What the sidebar's handlers need from the extension, beyond ``AgentHost``."""
-
-    @property
-    def kernel_reports(self) -> KernelReports: ...
-
-    def running_kernels(self) -> set[str]: ...
-
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` in the background, cancelled when the server stops."""
-
-
-class PanelHandler(RuntimeEnvHandler):
-    """Shared helpers of the sidebar's handlers."""
-
-    @property
-    def panel_host(self) -> PanelHost:
-        host: PanelHost = self.settings[SETTINGS_KEY]
-        return host
-
-    async def kernel_paths(self) -> dict[str, str]:
-        """Kernel id -> notebook path of its session (the server's session manager)."""
-        manager = self.settings.get("session_manager")
-        if manager is None:
-            return {}
-        try:
-            sessions = await manager.list_sessions()
-        except Exception:  # a broken session store must not break the panel
-            self.log.warning("jupyter_runtimeenv: cannot list sessions", exc_info=True)
-            return {}
-        return {
-            s["kernel"]["id"]: s.get("path") or s.get("name") or ""
-            for s in sessions
-            if s.get("kernel")
-        }
-
-    def user_name(self) -> str | None:
-        """Who sent this request as people know them; None for an anonymous user (token
-        only: jupyter_server makes up a uuid and a moon's name for each browser)."""
-        user = self.current_user
-        username = getattr(user, "username", None)
-        if not isinstance(username, str) or re.fullmatch(r"[0-9a-f]{32}", username):
-            return None
-        name = getattr(user, "display_name", None) or getattr(user, "name", None)
-        return str(name or username)
-
-    def kernel_id_checked(self, kernel_id: str) -> str:
-        if kernel_id not in self.panel_host.running_kernels():
-            raise web.HTTPError(404, f"no running kernel {kernel_id}")
-        return kernel_id
-
-    def root_dir(self) -> str:
-        root = str(self.settings.get("server_root_dir") or ".")
-        return os.path.abspath(os.path.expanduser(root))
-
-    def notebook_dir(self, path: str, report: dict[str, Any]) -> str:
-        if path:
-            rel = posixpath.dirname(path.lstrip("/"))
-            full = os.path.normpath(os.path.join(self.root_dir(), rel))
-            if full == self.root_dir() or full.startswith(self.root_dir() + os.sep):
-                return full
-            raise web.HTTPError(400, "path: outside the server's root directory")
-        return str(report.get("cwd") or self.root_dir())
 
 
 class OverviewHandler(PanelHandler):
@@ -302,136 +231,6 @@ class WorkerHandler(PanelHandler):
             self.fail(404, "WorkerNotFound", str(exc))
             return
         await self.reply({"kernel_id": kernel_id, "pid": int(pid), "stopped": True})
-
-
-class KernelNotebookEnvHandler(PanelHandler):
-    @web.authenticated
-    @authorized
-    @_handles_done
-    async def get(self, kernel_id: str) -> None:
-        """The kernel's declared envs (the default and every named one) as
-        ``metadata.runtime_env`` of notebook ``?path=``, each with the kernel's env id."""
-        report = self.panel_host.kernel_reports.get(kernel_id)
-        declared = [d for d in (report or {}).get("declared", []) if d.get("spec") is not None]
-        if report is not None and not declared and report.get("runtime_env"):
-            # A kernel of an older version reports its default only.
-            declared = [{"name": None, "env_id": None, "spec": report["runtime_env"]}]
-        if report is None or not declared:
-            self.fail(
-                404,
-                "NoRuntimeEnv",
-                "this notebook's kernel declared no environment (use %runtime_env first)",
-            )
-            return
-        notebook_dir = self.notebook_dir(self.query("path"), report)
-        meta = notebook_metadata(declared, notebook_dir, self.root_dir())
-        agent = await self.agent()
-        specs = [("", meta["spec"])] if "spec" in meta else []
-        specs += [(f"named.{n}", e["spec"]) for n, e in meta.get("named", {}).items()]
-        for field, spec in specs:  # each readable here again, or the error names its field
-            await self.run(agent.parses.run(_parse_in, agent, spec, notebook_dir, field))
-        await self.reply(meta)
-
-
-def _parse_in(agent: Any, spec: dict[str, Any], directory: str, field: str = "") -> Any:
-    """``spec`` parsed against ``directory``; a ``SpecError`` names its field under ``field``
-    (``named.slow``) when given."""
-    try:
-        with base_dir(directory):
-            return agent.parse(spec)
-    except SpecError as exc:
-        raise (exc.within(field) if field else exc) from None
-
-
-def _core(spec: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a notebook's env across machines: no driver fields, no build config."""
-    return {k: v for k, v in spec.items() if k not in (*DRIVER_FIELDS, "config")}
-
-
-#: The badge's overall state is the first of these that any of the notebook's envs is in.
-_WORST_FIRST = ("failed", "missing", "building", "cached")
-
-
-class NotebookEnvHandler(PanelHandler):
-    spec_methods = frozenset({"POST"})
-
-    @web.authenticated
-    @authorized
-    @_handles_done
-    async def post(self) -> None:
-        """The state of a notebook's envs: body ``{"path": notebook path, "runtime_env":
-        metadata}``; answers ``{"state", "env_id", "error", "default", "named": [...]}``, each
-        entry ``{"name", "state": cached|building|failed|missing, "env_id", "error"}`` and
-        ``state`` the worst of them. An env matches when its spec, without the driver's own
-        fields, is the metadata's spec resolved against the notebook's directory; ``env_id``
-        is that env's (the id the kernel shows), ``null`` when this server has none."""
-        data = await self.json_body()
-        if not isinstance(data, dict) or not isinstance(data.get("runtime_env"), dict):
-            self.fail(400, "SpecError", "runtime_env: expected the notebook's metadata object")
-            return
-        meta = data["runtime_env"]
-        wanted: list[tuple[str | None, Any, str]] = []
-        if "spec" in meta or "named" not in meta:
-            wanted.append((None, meta.get("spec"), "spec"))
-        named = meta.get("named", {})
-        if not isinstance(named, dict):
-            self.fail(400, "SpecError", "runtime_env.named: expected a JSON object", field="named")
-            return
-        for name, entry in named.items():
-            spec = entry.get("spec") if isinstance(entry, dict) else None
-            wanted.append((name, spec, f"named.{name}.spec"))
-        for _name, spec, field in wanted:
-            if not isinstance(spec, dict):
-                self.fail(
-                    400, "SpecError", f"runtime_env.{field}: expected a JSON object", field=field
-                )
-                return
-        path = data.get("path")
-        if not isinstance(path, str):
-            self.fail(400, "SpecError", "path: expected the notebook's path")
-            return
-        notebook_dir = self.notebook_dir(path, {})
-        agent = await self.agent()
-        rows = []
-        for name, spec, field in wanted:
-            row = await self._state_of(agent, spec, notebook_dir, field.removesuffix(".spec"))
-            rows.append({"name": name, **row})
-        default = rows[0] if rows and rows[0]["name"] is None else None
-        worst = min(rows, key=lambda r: _WORST_FIRST.index(r["state"]))
-        await self.reply(
-            {
-                "state": worst["state"],
-                "env_id": (default or worst)["env_id"],
-                "error": worst.get("error"),
-                "default": default,
-                "named": [r for r in rows if r["name"] is not None],
-            }
-        )
-
-    async def _state_of(
-        self, agent: Any, spec: dict[str, Any], notebook_dir: str, field: str
-    ) -> dict[str, Any]:
-        where = "" if field == "spec" else field
-        parsed = await self.run(agent.parses.run(_parse_in, agent, spec, notebook_dir, where))
-        want = _core(parsed.to_json())
-        found: dict[str, Any] | None = None
-        # Only envs with the same field names (plus the driver's) can match: their specs are
-        # read, no others.
-        names = set(want)
-        envs, _total = await agent.summaries()
-        for summary in envs:
-            if set(summary.get("fields", [])) - set(DRIVER_FIELDS) != names:
-                continue
-            try:
-                env = await agent.env_status(summary["env_id"])
-            except EnvNotFound:
-                continue
-            if _core(env.get("spec") or {}) == want and (found is None or env["state"] == "READY"):
-                found = env
-        if found is None:
-            return {"state": "missing", "env_id": None, "error": None}
-        state = _STATE_OF_NOTEBOOK_ENV.get(found["state"], "failed")
-        return {"state": state, "env_id": found["env_id"], "error": found.get("error")}
 
 
 _GC_STATES = ("READY", "FAILED")
