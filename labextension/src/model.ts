@@ -561,6 +561,9 @@ export interface INotebookEnvStatus {
   default?: INamedEnvStatus | null;
   /** The named envs the notebook carries, by name. */
   named?: INamedEnvStatus[];
+  /** How the envs that run differ from the notebook's locks, one line a package (a named
+   * env's lines start with its name); empty when they agree. */
+  lock_differences?: string[];
 }
 
 export interface INamedEnvStatus {
@@ -568,6 +571,10 @@ export interface INamedEnvStatus {
   state: NotebookEnvState;
   env_id?: string | null;
   error?: IBuildError | null;
+  /** With a lock: does the env that runs it have the lock's versions (``unchecked``: no
+   * such env built here)? */
+  lock?: 'matches' | 'differs' | 'unchecked';
+  lock_differences?: string[];
 }
 
 /** ``metadata.runtime_env``: the default's spec and/or named envs' specs. */
@@ -575,7 +582,12 @@ export interface INotebookEnv {
   version: number;
   spec?: Record<string, unknown>;
   env_id?: string;
-  named?: Record<string, { spec: Record<string, unknown>; env_id?: string }>;
+  /** PEP 751 ``pylock.toml`` text: the versions the env had when saved. */
+  lock?: string;
+  named?: Record<
+    string,
+    { spec: Record<string, unknown>; env_id?: string; lock?: string }
+  >;
 }
 
 /** Is ``metadata.runtime_env`` something the badge can show (a default or a named env)? */

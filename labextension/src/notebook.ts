@@ -6,14 +6,16 @@
  * ``NotebookEnvBadge`` sits in the toolbar of a notebook with such metadata: it shows the
  * state of that env on this server (cached, building, failed, missing) and a button that
  * declares it in the kernel, by running ``notebook_meta.declare`` there (the same as
- * ``%runtime_env --file``: built at once, the kernel's next tasks use it).
+ * ``%runtime_env --file``: built at once, the kernel's next tasks use it), each env pinned to
+ * the versions of the lock saved with it; "Upgrade" declares them resolved anew instead. The
+ * badge says when the envs the kernel runs differ from the notebook's lock.
  */
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { INotebookEnvStatus, ITransport, RuntimeEnvModel, isNotebookEnv } from './model';
-import { badgeText, badgeTitle, declareCode } from './notebookEnv';
+import { badgeText, badgeTitle, declareCode, hasLock } from './notebookEnv';
 
 export const METADATA_KEY = 'runtime_env';
 
@@ -52,7 +54,15 @@ export class NotebookEnvBadge extends Widget {
     this._button.textContent = 'Declare';
     this._button.title = "Declare this notebook's environment in its kernel";
     this._button.addEventListener('click', () => void this.declare());
-    this.node.append(this._label, this._button);
+    this._upgrade = document.createElement('button');
+    this._upgrade.className = 'jp-RuntimeEnv-button jp-RuntimeEnv-upgrade';
+    this._upgrade.type = 'button';
+    this._upgrade.textContent = 'Upgrade';
+    this._upgrade.title =
+      "Declare this notebook's environment resolved anew: the newest versions its " +
+      "requirements allow, not the versions of the notebook's lock";
+    this._upgrade.addEventListener('click', () => void this.declare(true));
+    this.node.append(this._label, this._button, this._upgrade);
     this._disconnect = model.changed.connect(() => this._scheduleUpdate());
     panel.context.ready.then(() => {
       panel.model?.metadataChanged.connect(() => this._scheduleUpdate());
@@ -76,12 +86,18 @@ export class NotebookEnvBadge extends Widget {
       this.hide();
       return;
     }
+    this._upgrade.hidden = !hasLock(meta);
     let status: INotebookEnvStatus;
     try {
       status = await this.transport.request<INotebookEnvStatus>(
         'POST',
         'notebook_env',
-        { path: this.panel.context.path, runtime_env: meta }
+        {
+          path: this.panel.context.path,
+          runtime_env: meta,
+          // The envs this kernel runs are the ones compared with the notebook's lock.
+          kernel_id: this.panel.sessionContext.session?.kernel?.id ?? null
+        }
       );
     } catch (reason) {
       status = { state: 'unknown' };
@@ -89,6 +105,7 @@ export class NotebookEnvBadge extends Widget {
     }
     this.node.dataset.state = status.state;
     this._label.className = `jp-RuntimeEnv-badgeLabel jp-mod-${status.state}`;
+    this.node.dataset.lock = status.lock_differences?.length ? 'differs' : 'ok';
     this._label.textContent = badgeText(status);
     if (status.state !== 'unknown') {
       this.node.title = badgeTitle(status);
@@ -96,15 +113,15 @@ export class NotebookEnvBadge extends Widget {
     this.show();
   }
 
-  async declare(): Promise<void> {
+  async declare(upgrade = false): Promise<void> {
     const meta = this.metadata;
     const kernel = this.panel.sessionContext.session?.kernel;
     if (!isNotebookEnv(meta) || !kernel) {
       return;
     }
-    this._label.textContent = 'env: declaring…';
+    this._label.textContent = upgrade ? 'env: upgrading…' : 'env: declaring…';
     const future = kernel.requestExecute({
-      code: declareCode(meta),
+      code: declareCode(meta, upgrade),
       silent: false,
       store_history: false
     });
@@ -131,6 +148,7 @@ export class NotebookEnvBadge extends Widget {
 
   private _label: HTMLElement;
   private _button: HTMLButtonElement;
+  private _upgrade: HTMLButtonElement;
   private _disconnect: () => void;
   private _timer: ReturnType<typeof setTimeout> | null = null;
 }

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { isNotebookEnv } from '../src/model';
-import { badgeText, badgeTitle, declareCode } from '../src/notebookEnv';
+import { badgeText, badgeTitle, declareCode, hasLock } from '../src/notebookEnv';
 
 const ID = 'a'.repeat(64);
 const SLOW = 'b'.repeat(64);
@@ -31,6 +31,41 @@ describe('a notebook that carries its envs', () => {
     expect(declareCode({ version: 1, named: { x: { spec: {} } } })).toContain(
       '_jre_declare(_jre_json.loads("null"), named=_jre_json.loads("{\\"x\\":{}}"))'
     );
+  });
+
+  it('declares each env pinned to its lock, or resolved anew with upgrade', () => {
+    const meta = {
+      version: 1,
+      spec: { pip: ['alpha'] },
+      lock: 'lock-version = "1.0"\n',
+      named: { slow: { spec: {}, lock: 'L' }, fast: { spec: {} } }
+    };
+    expect(hasLock(meta)).toBe(true);
+    expect(hasLock({ version: 1, named: { x: { spec: {} } } })).toBe(false);
+    const line = declareCode(meta).split('\n')[2];
+    expect(line).toContain(
+      ', locks=_jre_json.loads("{\\"\\":\\"lock-version = \\\\\\"1.0\\\\\\"\\\\n\\",' +
+        '\\"slow\\":\\"L\\"}"))'
+    );
+    expect(declareCode(meta, true).split('\n')[2]).toMatch(/, upgrade=True\)$/);
+    expect(declareCode({ version: 1, spec: {} })).not.toContain('locks=');
+  });
+
+  it('says when the running envs differ from the lock, and how', () => {
+    const status = {
+      state: 'cached' as const,
+      default: { name: null, state: 'cached' as const, env_id: ID, lock: 'differs' as const },
+      named: [{ name: 'slow', state: 'cached' as const, env_id: SLOW, lock: 'matches' as const }],
+      lock_differences: ['alpha: 1.0 in the lock, 2.0 in the env']
+    };
+    expect(badgeText(status)).toBe('env: cached (+1 named) · lock differs (1)');
+    expect(badgeTitle(status).split('\n')).toEqual([
+      'This notebook carries its environments:',
+      `(default) ${ID.slice(0, 12)}: cached`,
+      `slow ${SLOW.slice(0, 12)}: cached, the lock's versions`,
+      "The running environments differ from the notebook's lock:",
+      'alpha: 1.0 in the lock, 2.0 in the env'
+    ]);
   });
 
   it('says the worst state, how many named envs, and each id it has here', () => {

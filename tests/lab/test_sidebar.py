@@ -16,10 +16,14 @@ import json
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
+import tomllib
 from labserver import Lab, Page, needs_browser, notebook, open_panel, toast
 
 from tests.server.plugins import script
+from tests.wheelhouse import make_wheelhouse, offline_installers
 
 pytestmark = needs_browser()
 
@@ -184,11 +188,22 @@ def test_named_envs_grouped_by_notebook_busy_workers_and_holders_that_follow_ker
 
 
 def test_save_environment_to_notebook_and_the_badge_on_reopen(
-    lab: Lab, new_page: Callable[[str], Page]
+    lab_factory: Callable[..., Lab],
+    new_page: Callable[[str], Page],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from playwright.sync_api import expect
 
-    (lab.root / "demo.ipynb").write_text(notebook(CELLS[:3]))
+    # The named env installs alpha (2.0, the newest) from the tests' wheelhouse, never PyPI.
+    offline_installers(monkeypatch, make_wheelhouse(tmp_path / "wheelhouse"))
+    lab = lab_factory()
+    cells = [
+        CELLS[0],
+        CELLS[1],
+        "%runtime_env --name slow --env-var SPEED=slow --pip alpha --no-widget",
+    ]
+    (lab.root / "demo.ipynb").write_text(notebook(cells))
     view = new_page("sidebar-save")
     page = view.page
     view.open_notebook(lab, "demo.ipynb")
@@ -206,21 +221,42 @@ def test_save_environment_to_notebook_and_the_badge_on_reopen(
         time.sleep(0.2)
     meta = json.loads(path.read_text())["metadata"]["runtime_env"]
     assert meta["spec"] == {"env_vars": {"MODE": "e2e"}}
-    # The named env too, each under the id the kernel shows (issue 21 item 3).
+    assert "lock" not in meta  # no packages, nothing to lock
+    # The named env too, each under the id the kernel shows (issue 21 item 3), with the
+    # versions it has as a PEP 751 lock.
     (kernel,) = lab.api("GET", "kernels")["kernels"]
     ids = {d["name"]: d["env_id"] for d in kernel["declared"]}
     assert meta["env_id"] == ids[None]
-    assert meta["named"] == {
-        "slow": {"spec": {"env_vars": {"SPEED": "slow"}}, "env_id": ids["slow"]}
-    }
+    slow = meta["named"]["slow"]
+    assert slow["env_id"] == ids["slow"]
+    assert slow["spec"]["env_vars"] == {"SPEED": "slow"}
+    assert slow["spec"]["pip"]["packages"] == ["alpha"]
+    locked = tomllib.loads(slow["lock"])
+    assert [(p["name"], p["version"]) for p in locked["packages"]] == [("alpha", "2.0")]
     view.command("application:close-all")
     page.wait_for_timeout(500)
     view.command("docmanager:open", {"path": "demo.ipynb"})
     badge = page.locator(".jp-RuntimeEnv-badge")
     expect(badge).to_have_attribute("data-state", "cached", timeout=30_000)
     expect(badge).to_contain_text("env: cached (+1 named)")
+    expect(badge).to_have_attribute("data-lock", "ok")
+    expect(badge.locator(".jp-RuntimeEnv-upgrade")).to_be_visible()
     title = badge.get_attribute("title") or ""
     assert f"(default) {ids[None][:12]}: cached" in title, title
-    assert f"slow {ids['slow'][:12]}: cached" in title, title
+    assert f"slow {ids['slow'][:12]}: cached, the lock's versions" in title, title
     view.shot("11-badge-light-page")
+
+    # A notebook saved when alpha 1.0 was the newest: the badge says the kernel's env differs.
+    view.command("application:close-all")
+    page.wait_for_timeout(500)
+    data = json.loads(path.read_text())
+    old = data["metadata"]["runtime_env"]["named"]["slow"]["lock"].replace("2.0", "1.0")
+    data["metadata"]["runtime_env"]["named"]["slow"]["lock"] = old
+    path.write_text(json.dumps(data))
+    view.command("docmanager:open", {"path": "demo.ipynb"})
+    expect(badge).to_have_attribute("data-lock", "differs", timeout=30_000)
+    expect(badge).to_contain_text("env: cached (+1 named) · lock differs (1)")
+    title = badge.get_attribute("title") or ""
+    assert "slow: alpha: 1.0 in the lock, 2.0 in the env" in title, title
+    view.shot("12-badge-lock-differs-light-page")
     assert not view.errors, view.errors
