@@ -164,14 +164,13 @@ class LocalExecutor(Executor):
         # shared memory now, so changing an argument after .remote() changes nothing.
         call = prepare_call(0, function, args, kwargs, name, driver_arena())
         task = Task.of(call, future, OutputTarget.capture(name), affinity)
-        here = os.getcwd() if files_out else ""  # beside the notebook: where files_out go
-        chosen: list[Pool] = []
-        future.add_finisher(lambda: _report_files(chosen[-1], task, files_out, here))
+        if files_out:
+            task.files_out = files_out
+            task.here = os.getcwd()  # beside the notebook: where files_out go
+        task.finish = _report_files  # a function, not a closure per call: see future.py
         try:
-            while True:
-                chosen.append(self._pool_for(runtime_env))
-                if chosen[-1].submit(task):
-                    break  # else that pool began closing (idle, superseded): take the next
+            while not self._pool_for(runtime_env).submit(task):
+                pass  # that pool began closing (idle, superseded): take the next
         except KeyboardInterrupt:
             future.cancel()  # queued already, perhaps, but nobody would hold its future
             raise
@@ -268,15 +267,16 @@ def _watching_trees(acquire: AcquireFn) -> AcquireFn:
     return get
 
 
-def _report_files(pool: Pool, task: Task, files_out: Sequence[str], here: str) -> None:
+def _report_files(task: Task) -> None:
     """After a task (before its future settles): list what it wrote in its working
-    directory in one line of its output, and copy back what ``files_out`` selects."""
-    ctx = pool.ctx
+    directory in one line of its output, and copy back what ``task.files_out`` selects."""
+    pool = task.pool  # the pool that took it
+    ctx = pool.ctx if isinstance(pool, Pool) else None
     if ctx is None or not ctx.cwd or TREES_VAR not in ctx.env_vars:
         return
     written = files.changes_in(ctx.cwd).take()
-    if written and files_out:
-        written = files.copy_back(written, files_out, here)
+    if written and task.files_out:
+        written = files.copy_back(written, task.files_out, task.here)
     task.future.files = written
     if written:
         task.output.write(1, f"({task.name}) {written.line()}\n")

@@ -202,7 +202,7 @@ class Pool:
         with self._lock:
             if self.closed:
                 return False
-            task.future.set_cancel_hook(lambda _future: self._cancel(task))
+            task.pool = self  # cancelling its future calls cancel_task
             if task.affinity is not None:
                 worker = self._sticky_worker(task.affinity)
                 if worker is not None:
@@ -421,8 +421,8 @@ class Pool:
     def _assign(self, worker: WorkerProcess, task: Task) -> None:
         if not worker.held:  # it runs at once: the sidebar shows it running since now
             self._since[task.call.task_id] = time.time()
-        task_id = task.call.task_id
-        task.future.mark_started(True, lambda: worker.running() == task_id)
+        task.worker = worker  # the future asks it whether it runs the task yet
+        task.future.mark_started()
         worker.held.append(task)
         worker.outbox.append(task)
         task.deliveries += 1
@@ -510,6 +510,7 @@ class Pool:
             return False
         if self.state is PoolState.CLOSED:
             return False
+        task.worker = None
         task.future.mark_started(False)
         self._queue.appendleft(task)
         return True
@@ -627,8 +628,9 @@ class Pool:
             target=self._start, args=(worker,), name=f"{self.name}-spare", daemon=True
         ).start()
 
-    def _cancel(self, task: Task) -> None:
-        """The cancel hook of ``task``'s future. Lock not held."""
+    def cancel_task(self, task: Task) -> None:
+        """``task``'s future was cancelled: take the task back (``future.Holder``). Lock
+        not held."""
         victim: WorkerProcess | None = None
         with self._lock:
             try:

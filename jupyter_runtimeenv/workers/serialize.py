@@ -42,7 +42,7 @@ class Call:
     blob: bytes
     body: bytes
     #: Out-of-band buffers of the arguments in the driver's arena: (segment, offset, length).
-    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    spans: Sequence[tuple[int, int, int]] = ()  # not a list each: see future.py on the GC
     segment: shm.Segment | None = None
     arena: shm.Arena | None = None
     #: Code name -> filename of the function (see ``tracebacks``).
