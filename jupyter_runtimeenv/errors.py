@@ -125,6 +125,17 @@ class BuildError(RuntimeEnvError):
         """The failed step as users read it: its label, else the step."""
         return self.label or self.step
 
+    @property
+    def log_reference(self) -> str:
+        """How a reader gets the whole log, in text: the command that prints it (``jupyter
+        runtimeenv logs <id>``), the path only when the env id is unknown. Not the path: in a
+        notebook's output JupyterLab turns a path into a link that asks to start the
+        debugger; the notebook's own link to the log is "View log" (``log_path`` keeps the
+        path for programs)."""
+        if self.env_id:
+            return f"jupyter runtimeenv logs {self.env_id[:12]}"
+        return self.log_path
+
     def __str__(self) -> str:
         lines = [self.message]
         if self.where:
@@ -133,7 +144,7 @@ class BuildError(RuntimeEnvError):
             lines.append("--- last lines of output ---")
             lines.extend(self.output_tail)
         if self.log_path:
-            lines.append(f"(full log: {self.log_path})")
+            lines.append(f"(full log: {self.log_reference})")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:

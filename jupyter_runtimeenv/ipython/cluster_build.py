@@ -348,7 +348,14 @@ def _failed_line(failed: list[NodeBuild], name: str | None, total: int) -> str:
     # The node's own message repeats its address ("on Dask worker tcp://..."): say it once.
     message = message.replace(f"on Dask worker {row.address}: ", "")
     more = f"; {len(failed) - 1} more of {total} nodes failed" if len(failed) > 1 else ""
-    log = f"; the log on that node: {error['log_path']}" if error.get("log_path") else ""
+    log = ""
+    if error.get("log_path"):  # a command, not a path JupyterLab would link to this machine
+        env_id = str(error.get("env_id") or "")
+        log = (
+            f"; its log: jupyter runtimeenv logs {env_id[:12]} on that node"
+            if env_id
+            else f"; the log on that node: {error['log_path']}"
+        )
     return f"runtime_env: build failed on {row.address}{step}: {message} ({kept(name)}{more}{log})"
 
 

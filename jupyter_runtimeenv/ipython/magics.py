@@ -525,7 +525,7 @@ def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
     if with_tail:
         return f"runtime_env: build failed ({kept(name)}): {exc}"
     where = f" at {exc.where}" if exc.where else ""
-    log = f"; the whole log: {exc.log_path}" if exc.log_path else ""
+    log = f"; the whole log: {exc.log_reference}" if exc.log_path else ""
     return f"runtime_env: build failed{where}: {kept(name)}{log}"
 
 
