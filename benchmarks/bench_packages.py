@@ -132,7 +132,7 @@ async def main(reps: int) -> None:
         floor = await timed(reps, lambda: hash_and_copy(src, tmp / "copy"))
 
         async def wd_first() -> float:
-            _hashing._memo.clear()  # as in a new process
+            _hashing.forget_stat_cache()  # as in a new process
             async with RuntimeEnvAgent(fresh("agent")) as agent:
                 start = time.perf_counter()
                 await agent.get_or_create({"working_dir": str(src)}, "bench")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pathspec
 
-from jupyter_runtimeenv.plugins import _hashing
+from jupyter_runtimeenv.plugins import _hashing, _walk
 from jupyter_runtimeenv.plugins._hashing import DEFAULT_EXCLUDES, hash_tree
 from jupyter_runtimeenv.spec.patterns import PatternList
 
@@ -118,9 +118,9 @@ def main() -> None:
             target.write_bytes(b"x" * 64)
         (root / ".gitignore").write_text("\n".join(WITH_NEGATION) + "\n")
         spent = [0.0]
-        real = _hashing._ignored
+        real = _walk.ignored
 
-        def timed(rel: str, is_dir: bool, matchers: list[_hashing.Matcher]) -> bool:
+        def timed(rel: str, is_dir: bool, matchers: list[_walk.Matcher]) -> bool:
             start = time.perf_counter()
             try:
                 return real(rel, is_dir, matchers)
@@ -134,11 +134,11 @@ def main() -> None:
             return hash_tree(root, PROJECT)
 
         walk = median_s(cold)
-        _hashing._ignored = timed  # type: ignore[assignment]
+        _walk.ignored = timed
         try:
             cold()
         finally:
-            _hashing._ignored = real
+            _walk.ignored = real
         print(
             f"hash_tree of a 1,000-file tree (cold: no memo, no stat cache): {fmt(walk)},"
             f" of which matching {fmt(spent[0])}"

@@ -9,33 +9,33 @@ default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. 
 only stats (and counts bytes against the caller's limit, stopping there); then the files
 the stat cache (``_statcache``) does not know are read once each — hashed, and with a
 ``store``, written into the content store from the same bytes — large files in chunks, many
-files on threads. An unchanged tree costs one ``stat`` per file and no read.
+files on threads. An unchanged tree costs one ``stat`` per file and no read; with an
+inotify watch (``_watch``) it costs nothing, and after events only the directories they
+name are listed again and only the files they name are read again: one changed file in a
+tree of a thousand costs its directory's listing and its own read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
-import heapq
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError
 from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
-from ..spec.patterns import PatternError, PatternList, check_list
+from ..spec.patterns import check_list
 from . import _blobs, _statcache, _watch
+from ._walk import Dirty, Found, Kept, Listing, Walk, matcher
 
 #: Never part of a working_dir or py_module, whatever the spec says.
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
-#: A ``.gitignore`` larger than this, or with more patterns, is refused (``PatternError``).
-MAX_GITIGNORE_BYTES = 1 << 20
-MAX_GITIGNORE_PATTERNS = 10_000
 #: Files up to this size are read whole; larger ones are hashed (and stored) in chunks.
 WHOLE_MAX = 8 << 20
 _CHUNK = 1 << 20
@@ -76,6 +76,17 @@ class FileEntry:
     @property
     def executable(self) -> bool:
         return bool(self.mode & 0o100)
+
+    @functools.cached_property
+    def digest_line(self) -> bytes:
+        """What this file adds to its tree's digest (``_digest``)."""
+        # 0444/0555 hash as before modes were kept; any other mode enters the digest, so
+        # making a file owner-only makes a new tree.
+        if self.mode in (0o444, 0o555):
+            mode = b"\0755\0" if self.executable else b"\0644\0"
+        else:
+            mode = f"\0m{self.mode:03o}\0".encode()
+        return self.rel.encode("utf-8", "surrogateescape") + mode + self.sha256.encode() + b"\n"
 
     @property
     def blob_name(self) -> str:
@@ -186,125 +197,6 @@ def _hash_chunks(fd: int, path: str, size: int, store: str | None, mode: int) ->
     return sha
 
 
-# (base dir, patterns, whether any pattern can match a file): patterns ending in "/" match
-# directories only, and excluded directories are pruned, so files skip those lists. The
-# first matcher of a walk is the spec's (default excludes + ``excludes``); the others are
-# ``.gitignore`` files, deeper last.
-Matcher = tuple[str, PatternList, bool]
-
-
-def _matcher(base: str, lines: Iterable[str]) -> Matcher:
-    # Linear-time matching, no regular expression (``spec.patterns``): a pattern can never
-    # make a walk backtrack for minutes while holding the GIL.
-    patterns = PatternList.from_lines(lines)
-    return (base, patterns, patterns.files_too)
-
-
-def _read_gitignore(path: str) -> list[str] | None:
-    """The lines of the ``.gitignore`` at ``path``; None if there is none, or if it is not a
-    regular file: like git (2.32+), a symlinked ``.gitignore`` is not followed, and a FIFO or
-    device is never opened for a blocking read. ``PatternError`` past the bounds."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None  # absent, a symlink (ELOOP), unreadable
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = f.read(MAX_GITIGNORE_BYTES + 1)
-    if len(data) > MAX_GITIGNORE_BYTES:
-        raise PatternError(f"{path} is larger than {MAX_GITIGNORE_BYTES} bytes")
-    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
-    if len(lines) > MAX_GITIGNORE_PATTERNS:
-        raise PatternError(f"{path}: {len(lines)} patterns, more than {MAX_GITIGNORE_PATTERNS}")
-    return lines
-
-
-#: A file the walk kept: its relative path (with the prefix), its path, its stat.
-_Found = tuple[str, str, os.stat_result]
-
-
-class _Walk:
-    """The files of a tree after excludes, with their stats; counts bytes as it goes and
-    stops at ``limit`` (``SpecError`` naming ``field`` and the largest files seen)."""
-
-    def __init__(
-        self,
-        root: str,
-        limit: int | None,
-        field: str,
-        hint: str,
-        before_scan: Callable[[str], object] | None = None,
-    ) -> None:
-        self.root = root
-        #: Called with each directory before it is read (a watch is added there first).
-        self.before_scan = before_scan
-        #: Whether a file was reached through a symlink or has other hard links: a change
-        #: to it can come through a path outside the tree (no event in the tree).
-        self.linked = False
-        self.limit = limit
-        self.field = field
-        self.hint = hint
-        self.found: list[_Found] = []
-        #: (relative path, stat key) of each file: what identifies an unchanged tree.
-        self.signature: list[tuple[str, _statcache.Key]] = []
-        self.total = 0
-        self._largest: list[tuple[int, str]] = []  # a min-heap of the 5 largest
-
-    def file(self, rel: str, path: str, st: os.stat_result) -> None:
-        self.found.append((rel, path, st))
-        self.signature.append(
-            (rel, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        )
-        self.total += st.st_size
-        if len(self._largest) < 5:
-            heapq.heappush(self._largest, (st.st_size, rel))
-        elif st.st_size > self._largest[0][0]:
-            heapq.heapreplace(self._largest, (st.st_size, rel))
-        if self.limit is not None and self.total > self.limit:
-            largest = ", ".join(
-                f"{rel} ({_mb(size)})" for size, rel in sorted(self._largest, reverse=True)
-            )
-            raise SpecError(
-                self.field,
-                f"{self.root} holds more than {_mb(self.limit)} after excludes, over the"
-                f" limit (counting stopped there); largest files seen: {largest}. Add"
-                f" patterns to 'excludes' or a .gitignore{self.hint}",
-            )
-
-    def walk(self, rel_dir: str, matchers: list[Matcher], prefix: str) -> None:
-        dirpath = os.path.join(self.root, rel_dir) if rel_dir else self.root
-        if self.before_scan is not None:
-            self.before_scan(dirpath)
-        gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
-        if gitignore is not None:
-            matchers = [*matchers, _matcher(rel_dir, gitignore)]
-        with os.scandir(dirpath) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for child in children:
-            rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
-            is_dir = child.is_dir(follow_symlinks=False)
-            if _ignored(rel, is_dir, matchers):
-                continue
-            if is_dir:
-                self.walk(rel, matchers, prefix)
-                continue
-            try:
-                st = child.stat(follow_symlinks=True)
-            except OSError:
-                continue  # a dangling symlink: nothing a worker could read
-            if not stat.S_ISREG(st.st_mode):
-                continue  # sockets, fifos, symlinks to directories
-            if st.st_nlink > 1 or child.is_symlink():
-                self.linked = True
-            self.file(f"{prefix}/{rel}" if prefix else rel, child.path, st)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 def hash_tree(
     root: str | Path,
     excludes: Sequence[str] = (),
@@ -326,12 +218,44 @@ def hash_tree(
     """
     root = os.path.abspath(root)
     memo_key = (root, tuple(excludes), prefix)
-    known = _trees.get(memo_key)
-    if known is not None and known.watch is not None and known.watch.unchanged():
-        return known.tree  # no event in any of its directories since it was walked
+    while True:
+        known = _trees.get(memo_key)
+        if known is None:
+            return _hash_tree(memo_key, None, limit, field, hint, store)
+        with known.lock:  # one hash of a tree at a time: the next one then reuses its work
+            if known.superseded:
+                continue  # replaced while this call waited: look again
+            return _hash_tree(memo_key, known, limit, field, hint, store)
+
+
+def _hash_tree(
+    memo_key: tuple[str, tuple[str, ...], str],
+    known: _Memo | None,
+    limit: int | None,
+    field: str,
+    hint: str,
+    store: str | Path | None,
+) -> Tree:
+    root, excludes, prefix = memo_key
+    before: _Memo | None = None
+    changed: set[str] = set()
+    named: set[str] = set()
+    watch: _watch.Watch | None = None
+    dirty = Dirty(root)
+    if known is not None and known.watch is not None:
+        taken = known.dirty.take(known.watch)
+        if taken is not None and not taken[0]:
+            return known.tree  # no event in any of its directories since it was walked
+        if taken is not None:
+            # Events in some directories: list those again, keep the others' listings.
+            changed, named = taken
+            watch, dirty, before = known.watch, known.dirty, known
     started = time.time_ns()
-    watch = _watch.watch(root)
-    walk = _Walk(root, limit, field, hint, watch.add if watch is not None else None)
+    if watch is None:
+        watch = _watch.watch(root, dirty.event)
+    add = watch.add if watch is not None else None
+    last = (before.listings, before.kept) if before is not None else None
+    walk = Walk(root, limit, field, hint, add, last, changed)
     try:
         st = os.stat(root)
         if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
@@ -343,50 +267,81 @@ def hash_tree(
             walk.file(prefix or os.path.basename(root), root, st)
         else:
             check_list(excludes, "excludes")
-            walk.walk("", [_matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix)
+            walk.walk("", [matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix, True)
     except BaseException:
         if watch is not None:
             watch.close()
+        if known is not None:
+            _forget(memo_key, known)  # its watch may be the one just closed
         raise
     if watch is not None and walk.linked:
         watch.close()
         watch = None
     found = walk.found
+    kept = (walk.listings, walk.kept) if watch is not None else ({}, {})
     # The same files with the same stats as last time: the same tree, nothing to build.
     signature = walk.signature
     if known is not None and known.settled and known.signature == signature:
-        _remember(memo_key, _Memo(signature, known.tree, watch, settled=True))
+        _remember(memo_key, _Memo(signature, known.tree, watch, dirty, *kept, settled=True))
         return known.tree
+    # A file no event named since it was read, with the stat it had then: the content it
+    # had (even if written within the racy window, which keeps it out of the stat cache).
+    prior: dict[str, tuple[_statcache.Key, FileEntry]] = {}
+    if before is not None:
+        for (_rel, key), entry in zip(before.signature, before.tree.entries, strict=True):
+            if entry.source not in named:
+                prior[entry.source] = (key, entry)
+    entries: list[FileEntry | None] = []
+    todo: list[Found] = []
+    for item in found:
+        hit = prior.get(item[1])
+        if hit is not None and hit[0] == item[3]:
+            entries.append(hit[1])
+        else:
+            entries.append(None)
+            todo.append(item)
     blobs = None if store is None else str(store)
-    shas = _hash_all(found, blobs)
-    entries = tuple(
+    new = iter(
         FileEntry(rel, path, blob_mode(st.st_mode), st.st_size, sha)
-        for (rel, path, st), sha in zip(found, shas, strict=True)
+        for (rel, path, st, _), sha in zip(todo, _hash_all(todo, blobs), strict=True)
     )
-    tree = Tree(_digest(entries), entries)
+    done = tuple(entry or next(new) for entry in entries)
+    tree = Tree(_digest(done), done)
     # Without a watch the next call compares stats, which a file changed within the racy
     # window could keep while changing again: such a tree is not "settled".
-    settled = all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st in found)
+    settled = all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st, _ in found)
     if (watch is not None and watch.usable) or settled:
         # A watch was armed before any directory was listed: a write after that is an event,
         # one before it was read here; the tree stands until an event, settled or not.
-        _remember(memo_key, _Memo(signature, tree, watch, settled=settled))
-    elif watch is not None:
-        watch.close()
+        _remember(memo_key, _Memo(signature, tree, watch, dirty, *kept, settled=settled))
+    else:
+        if watch is not None:
+            watch.close()
+        if known is not None:
+            _forget(memo_key, known)
     return tree
 
 
 @dataclass
 class _Memo:
     """The last tree hashed at a root: the (path, stat key) of each of its files, and the
-    watch on its directories (None: walk and compare the signature)."""
+    watch on its directories (None: walk and compare the signature) with the directories it
+    saw change and the listing of each directory."""
 
     signature: list[tuple[str, _statcache.Key]]
     tree: Tree
     watch: _watch.Watch | None
+    dirty: Dirty
+    listings: dict[str, Listing]
+    kept: dict[str, Kept]
     #: No file changed within the racy window before it was read: the signature may stand
     #: for the content (without a watch, or after the watch failed).
     settled: bool = True
+    lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+    #: Another memo took its place: whoever waited on ``lock`` looks again.
+    superseded: bool = False
 
 
 _TREES_MAX = 64
@@ -400,8 +355,18 @@ def _remember(key: tuple[str, tuple[str, ...], str], memo: _Memo) -> None:
         if len(_trees) >= _TREES_MAX:
             _drop(_trees.pop(next(iter(_trees))))
         _trees[key] = memo
-    if old is not None and old.watch is not memo.watch:
-        _drop(old)
+    if old is not None:
+        old.superseded = True
+        if old.watch is not memo.watch:
+            _drop(old)
+
+
+def _forget(key: tuple[str, tuple[str, ...], str], memo: _Memo) -> None:
+    with _trees_lock:
+        if _trees.get(key) is memo:
+            del _trees[key]
+    memo.superseded = True
+    _drop(memo)
 
 
 def _drop(memo: _Memo) -> None:
@@ -409,13 +374,13 @@ def _drop(memo: _Memo) -> None:
         memo.watch.close()
 
 
-def _hash_all(found: list[_Found], store: str | None) -> list[str]:
-    shas: list[str | None] = [_statcache.lookup(path, st) for _, path, st in found]
+def _hash_all(found: list[Found], store: str | None) -> list[str]:
+    shas: list[str | None] = [_statcache.lookup(path, st) for _, path, st, _ in found]
     todo = [i for i, sha in enumerate(shas) if sha is None]
 
     def run(indices: Sequence[int]) -> None:
         for i in indices:
-            _, path, st = found[i]
+            _, path, st, _ = found[i]
             shas[i] = _hash_one(path, st, store, blob_mode(st.st_mode))
 
     if len(todo) < _THREADS_FROM:
@@ -450,32 +415,5 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def _ignored(rel: str, is_dir: bool, matchers: list[Matcher]) -> bool:
-    # The spec's patterns exclude whatever a .gitignore says (as in Ray); among .gitignore
-    # files the deepest one with a matching pattern decides, so "!keep" in a subdirectory
-    # re-includes what a parent's .gitignore excluded (as in git).
-    base, patterns, files_too = matchers[0]
-    if (is_dir or files_too) and patterns.match(rel, is_dir):
-        return True
-    for base, patterns, files_too in reversed(matchers[1:]):
-        if not is_dir and not files_too:
-            continue
-        decision = patterns.decide(rel[len(base) + 1 :] if base else rel, is_dir)
-        if decision is not None:
-            return decision
-    return False
-
-
 def _digest(entries: Iterable[FileEntry]) -> str:
-    h = hashlib.sha256()
-    for e in entries:
-        h.update(e.rel.encode("utf-8", "surrogateescape"))
-        # 0444/0555 hash as before modes were kept; any other mode enters the digest, so
-        # making a file owner-only makes a new tree.
-        if e.mode in (0o444, 0o555):
-            h.update(b"\0755\0" if e.executable else b"\0644\0")
-        else:
-            h.update(f"\0m{e.mode:03o}\0".encode())
-        h.update(e.sha256.encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    return hashlib.sha256(b"".join(e.digest_line for e in entries)).hexdigest()

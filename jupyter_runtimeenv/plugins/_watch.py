@@ -54,6 +54,8 @@ _MASK = (
     | _IN_DONT_FOLLOW
 )
 _EVENT = struct.Struct("iIII")
+#: A watched directory moved or was deleted (its events stop or name its old path).
+IN_MOVE_SELF, IN_DELETE_SELF = _IN_MOVE_SELF, _IN_DELETE_SELF
 #: File systems whose changes all go through this kernel (inotify sees every one).
 LOCAL_FS = frozenset(
     [
@@ -74,7 +76,7 @@ LOCAL_FS = frozenset(
     ]
 )
 
-__all__ = ["LOCAL_FS", "Watch", "watch"]
+__all__ = ["IN_DELETE_SELF", "IN_MOVE_SELF", "LOCAL_FS", "Watch", "watch"]
 
 #: Called with (directory, name, mask) for each event of a watch.
 Listener = Callable[[str, str, int], None]
@@ -106,6 +108,12 @@ class Watch:
     def poll(self) -> None:
         self._watcher.poll()
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while events are dispatched to listeners (re-entrant: ``poll`` may run
+        under it)."""
+        return self._watcher.lock
+
     def close(self) -> None:
         self._watcher.remove(self)
         self.usable = False
@@ -115,11 +123,11 @@ class _Watcher:
     def __init__(self, fd: int, libc: ctypes.CDLL) -> None:
         self.fd = fd
         self._libc = libc
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._by_wd: dict[int, set[Watch]] = {}
 
     def add(self, owner: Watch, directory: str) -> bool:
-        with self._lock:
+        with self.lock:
             wd = self._libc.inotify_add_watch(self.fd, os.fsencode(directory), _MASK)
             if wd < 0:
                 return False  # ENOSPC (no watch left), EACCES, ENOENT (gone meanwhile)
@@ -128,7 +136,7 @@ class _Watcher:
             return True
 
     def remove(self, owner: Watch) -> None:
-        with self._lock:
+        with self.lock:
             for wd in owner.wds:
                 owners = self._by_wd.get(wd)
                 if owners is None:
@@ -140,7 +148,7 @@ class _Watcher:
             owner.wds.clear()
 
     def poll(self) -> None:
-        with self._lock:
+        with self.lock:
             while True:
                 try:
                     data = os.read(self.fd, 65536)

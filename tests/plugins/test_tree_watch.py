@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,3 +150,108 @@ def test_a_tree_just_written_stands_until_an_event(tmp_path: Path) -> None:
     again = _hashing.hash_tree(root)
     assert again is not first
     assert again.digest == first.digest
+
+
+def fresh_walk(root: Path) -> _hashing.Tree:
+    """The same tree hashed with nothing remembered (the full walk)."""
+    _hashing.forget_stat_cache()
+    return _hashing.hash_tree(root)
+
+
+MORE_CHANGES: list[tuple[str, Callable[[Path], object]]] = [
+    *CHANGES,
+    ("gitignore re-includes", lambda r: _reinclude(r)),
+    ("dir renamed then edited", lambda r: _rename_dir_then_edit(r)),
+    ("dir removed", lambda r: _remove_dir(r)),
+    ("dangling symlink's target appears", lambda r: _dangling_then_target(r)),
+]
+
+
+def _reinclude(root: Path) -> None:
+    # Only the root's .gitignore changed (in the test): pkg/sub, which holds the file it
+    # excluded, had no event of its own.
+    (root / ".gitignore").write_text("*.tmp\n")
+
+
+def _rename_dir_then_edit(root: Path) -> None:
+    (root / "pkg").rename(root / "pkg2")
+    (root / "pkg2" / "sub" / "c.txt").write_text("edited after the move")
+
+
+def _remove_dir(root: Path) -> None:
+    shutil.rmtree(root / "pkg" / "sub")
+
+
+def _dangling_then_target(root: Path) -> None:
+    (root.parent / "target.py").write_text("now here")
+
+
+@pytest.mark.parametrize(("what", "change"), MORE_CHANGES, ids=[c[0] for c in MORE_CHANGES])
+def test_a_walk_after_events_equals_a_full_walk(
+    tmp_path: Path, scans: list[str], what: str, change: Callable[[Path], object]
+) -> None:
+    """After events, only the directories they name are listed again; the tree is the one
+    a full walk finds, for every kind of change (and twice in a row)."""
+    root = tree(tmp_path / "t")
+    (root / ".gitignore").write_text("*.log\n")
+    (root / "pkg" / "sub" / "skip.log").write_text("ignored")
+    if what.startswith("dangling"):
+        (root / "pkg" / "link.py").symlink_to(tmp_path / "target.py")
+    _hashing.hash_tree(root)
+    change(root)
+    after = _hashing.hash_tree(root)
+    again = _hashing.hash_tree(root)
+    full = fresh_walk(root)
+    assert after.digest == full.digest, what
+    assert after.entries == full.entries
+    assert again is after
+
+
+def test_one_changed_file_lists_only_its_directory(tmp_path: Path, scans: list[str]) -> None:
+    root = tree(tmp_path / "t")
+    for i in range(5):
+        (root / f"d{i}").mkdir()
+        (root / f"d{i}" / "f.py").write_text(str(i))
+    first = _hashing.hash_tree(root)
+    scans.clear()
+    (root / "d3" / "f.py").write_text("changed")
+    after = _hashing.hash_tree(root)
+    assert scans == [str(root / "d3")]
+    assert after.digest != first.digest
+    assert after.digest == fresh_walk(root).digest
+
+
+def test_concurrent_hashes_of_a_changing_tree_never_return_an_old_tree(tmp_path: Path) -> None:
+    """Threads hashing the same tree while it changes: each hash started after a change
+    sees it (the events are taken by one hash at a time, and a memo replaced meanwhile is
+    never answered from)."""
+    root = tree(tmp_path / "t")
+    _hashing.hash_tree(root)
+    stale: list[str] = []
+
+    def check(barrier: threading.Barrier, expected: str) -> None:
+        barrier.wait()
+        got = {e.rel: e.sha256 for e in _hashing.hash_tree(root).entries}
+        if got["pkg/b.py"] != hashlib.sha256(expected.encode()).hexdigest():
+            stale.append(expected)
+
+    for i in range(20):
+        (root / "pkg" / "b.py").write_text(f"round {i}")
+        barrier = threading.Barrier(4)
+        threads = [threading.Thread(target=check, args=(barrier, f"round {i}")) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert stale == []
+
+
+def test_a_moved_directory_is_followed_by_later_edits(tmp_path: Path, scans: list[str]) -> None:
+    root = tree(tmp_path / "t")
+    _hashing.hash_tree(root)
+    (root / "pkg").rename(root / "moved")
+    _hashing.hash_tree(root)
+    for i in range(3):  # each later edit inside the moved directory is seen
+        (root / "moved" / "sub" / "c.txt").write_text(f"edit {i}")
+        after = _hashing.hash_tree(root)
+        assert after.digest == fresh_walk(root).digest
