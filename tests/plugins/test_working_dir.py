@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -81,13 +82,14 @@ def test_id_follows_content_not_location(tmp_path: Path) -> None:
 
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ``_hashing`` opens to read, from now on."""
+    """The files ``_hashing`` opens to read, from now on (directories opened to work
+    relative to them are no reads)."""
     opened: list[str] = []
     real_open = os.open
 
     def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         fd = real_open(path, flags, *args, **kwargs)
-        if not flags & (os.O_WRONLY | os.O_RDWR):
+        if not flags & (os.O_WRONLY | os.O_RDWR | os.O_DIRECTORY):
             opened.append(str(path))
         return fd
 
@@ -157,6 +159,28 @@ def test_one_pass_stores_what_it_hashes(tmp_path: Path, monkeypatch: pytest.Monk
     assert _store.materialize(tree, tmp_path / "cache", tmp_path / "out") == 0
     assert opened == []
     assert (tmp_path / "out" / "big.bin").read_bytes() == big.read_bytes()
+
+
+def test_a_tree_on_another_file_system_is_copied_from_the_store(tmp_path: Path) -> None:
+    """Links across file systems fail (EXDEV, for real: the target is on /dev/shm's tmpfs,
+    the store here): each file is copied from its blob instead, nested directories and
+    files at the root alike, with the blob's mode."""
+    files = {"top.py": "t", "a/b.py": "b", "a/deep/c.txt": "c", "z/d.txt": "d"}
+    src = make_tree(tmp_path / "src", files)
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(src / "run.sh", 0o755)
+    _hashing.forget_stat_cache()
+    tree = _hashing.hash_tree(src, store=_store.blob_dir(tmp_path / "cache"))
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system here to make a link fail")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        out = Path(other) / "tree"
+        assert _store.materialize(tree, tmp_path / "cache", out) == 0
+        assert listing(out) == sorted([*files, "run.sh"])
+        for rel, text in files.items():
+            assert (out / rel).read_text() == text
+            assert (out / rel).stat().st_nlink == 1  # copies, not links
+        assert (out / "run.sh").stat().st_mode & 0o777 == 0o555
 
 
 @pytest.mark.parametrize(
