@@ -320,7 +320,10 @@ def worker_problem(pid: int, kernel_pid: int, started: float | None = None) -> s
         return "its command line names no parent"
     if parent_arg != str(kernel_pid):
         return f"it was started for process {parent_arg[:20]}, not for the kernel"
-    if started is not None and abs(created - started) > 1.0:
+    # Both sides read it as psutil does (start ticks + /proc/stat's btime, whole seconds that
+    # a clock adjustment may move by one between the kernel's read and ours): a recycled pid
+    # started later than that, by the time its pid came round again.
+    if started is not None and abs(created - started) > 1.5:
         return "its start time is not the reported one (a recycled pid)"
     return None
 

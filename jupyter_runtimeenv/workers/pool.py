@@ -69,6 +69,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
+from typing import Any
 
 from ..context import EnvContext
 from ..errors import BrokenWorker, WorkerError
@@ -162,7 +163,7 @@ class Pool:
             counts = {pid: tuple(c) for pid, c in self._counts.items()}
         now = time.time()
         with self._lock:
-            workers = [
+            workers: list[dict[str, Any]] = [
                 {
                     "pid": w.pid,
                     "busy": bool(w.held),
@@ -182,6 +183,8 @@ class Pool:
                 for w in sorted(self._workers, key=lambda w: w.pid)
                 if w.pid
             ]
+        for worker in workers:  # its identity: Stop checks it (server/kernels.py)
+            worker["started"] = _start_time(worker["pid"])
         return {
             "env_id": self.ctx.env_id if self.ctx is not None else "",
             "name": self.name,
@@ -736,6 +739,17 @@ def _as_broken(error: WorkerError) -> WorkerError:
 
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 _observers: list[Callable[[], None]] = []
+
+
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds, as psutil tells it, as the server checks
+    it), or None if it is gone. Read outside the pool's lock: it reads ``/proc``."""
+    import psutil  # only when reporting: a kernel that never reports never imports it
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
 
 
 def live_pools() -> list[Pool]:

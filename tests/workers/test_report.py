@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from conftest import submit
 
 from jupyter_runtimeenv.context import EnvContext
@@ -50,6 +51,8 @@ def test_stats_count_each_workers_tasks_and_observers_hear_of_changes(
             "tasks_failed": 1,
             "sticky": None,
             "task": None,
+            # its identity: the server's Stop refuses a pid whose process started otherwise
+            "started": psutil.Process(worker_pid).create_time(),
         }
     ]
     mine = [p for p in snapshot()["pools"] if p["name"] == pool.name]
