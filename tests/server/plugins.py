@@ -47,7 +47,8 @@ class ScriptPlugin(RuntimeEnvPlugin):
             f"    time.sleep({value['sleep']})\n"
             f"sys.exit({1 if value['fail'] else 0})\n"
         )
-        await build.run([sys.executable, "-c", code], what="script")
+        # The name as an argument: a test finds the build's process by its command line.
+        await build.run([sys.executable, "-c", code, value["name"]], what="script")
         (build.target / "done").write_text("ok")
         return 2
 

@@ -6,12 +6,12 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from processes import wait_gone
+from processes import cmdline, descendants, wait_gone
 
 from jupyter_runtimeenv.server.events import SCHEMA_ID
 from tests.server.jupyter_fixtures import API
@@ -102,21 +102,26 @@ async def test_the_loop_keeps_answering_while_four_envs_install(
 
 
 async def test_the_server_stops_clean_killing_builds(jp_fetch: Any, jp_serverapp: Any) -> None:
-    me = psutil.Process(os.getpid())
-    before = {p.pid for p in me.children(recursive=True)}
-    env = await post(jp_fetch, script("slow", lines=600, sleep=0.1))
-    builders: set[int] = set()
-    for _ in range(200):
-        builders = {p.pid for p in me.children(recursive=True)} - before
-        if builders:
-            break
+    # The build's processes by their command line (the script's name is its argument), not
+    # as "children that were not there before": the test process has other children that
+    # come and go (kernels and pools earlier tests left, restarted or reaped at any moment).
+    name = f"slow_{uuid.uuid4().hex[:12]}"
+
+    def build_processes() -> list[int]:
+        return [p.pid for p in descendants() if name in cmdline(p)]
+
+    env = await post(jp_fetch, script(name, lines=600, sleep=0.1))
+    deadline = time.monotonic() + 120
+    while not (builders := build_processes()):
+        assert time.monotonic() < deadline, "the build's process never started"
         await asyncio.sleep(0.05)
-    assert builders, "the build's process never started"
 
     await jp_serverapp._cleanup()  # what the server runs when it stops
 
-    assert not wait_gone(builders, timeout=5)
-    assert {p.pid for p in me.children(recursive=True)} - before == set()
+    # Gone (not how fast: SIGKILLed, then reaped by the loop's child watcher), and none of
+    # the build's started meanwhile.
+    assert not wait_gone(builders, timeout=60)
+    assert not wait_gone(build_processes(), timeout=60)
     assert "JUPYTER_RUNTIMEENV_URL" not in os.environ
     ext = jp_serverapp.web_app.settings["jupyter_runtimeenv"]
     assert ext.agent_started is False
