@@ -95,7 +95,8 @@ def fork_a_sleeper(marker: str) -> int:
     child = os.fork()
     if child == 0:
         try:
-            Path(marker).write_text(os.readlink(f"/proc/self/fd/{_channel_fd()}"))
+            Path(marker + ".tmp").write_text(os.readlink(f"/proc/self/fd/{_channel_fd()}"))
+            os.replace(marker + ".tmp", marker)  # whole: the test polls for it
             time.sleep(30)
         finally:
             os._exit(0)

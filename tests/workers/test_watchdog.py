@@ -21,12 +21,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from processes import Proc, kill_all, of, survivors
+from processes import Proc, children, cmdline, kill_all, of, survivors
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX only")
 
@@ -47,7 +47,8 @@ DRIVER = textwrap.dedent(
     def hang(marker):
         import os, pathlib, subprocess, time
         child = subprocess.Popen(["sleep", "300"])
-        pathlib.Path(marker).write_text(f"{os.getpid()} {child.pid}")
+        pathlib.Path(marker + ".tmp").write_text(f"{os.getpid()} {child.pid}")
+        os.replace(marker + ".tmp", marker)  # whole: the test polls for it
         time.sleep(300)
 
     ctx = EnvContext(python=sys.executable, command_prefix=prefix)
@@ -102,6 +103,16 @@ def read_marker(marker: Path, timeout: float = 120) -> list[int]:
     return [int(word) for word in marker.read_text().split()]
 
 
+def _seen(parent: int, which: Callable[[list[str]], bool]) -> list[Proc]:
+    """The children of ``parent`` running now whose command line ``which`` takes."""
+    found = []
+    for child in children(parent):
+        argv = cmdline(child)
+        if argv and which(argv) and (proc := Proc.of(child.pid)) is not None:
+            found.append(proc)
+    return found
+
+
 def sigkill(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()
     proc.wait(30)
@@ -118,18 +129,16 @@ def test_the_parent_death_signal_alone_ends_the_worker_and_its_children(
         worker, child = (of(pid) for pid in read_marker(tmp_path / "pids"))
         assert (b"--forked" in Path(f"/proc/{worker.pid}/cmdline").read_bytes()) == forked
         tracked += [worker, child]
-        holders = [
-            of(p.pid)
-            for p in psutil.Process(driver.pid).children()
-            if p.pid != worker.pid and "_entry.py" not in " ".join(p.cmdline())
-        ]
+        # The driver forks after it submitted the task: under load the task may have written
+        # its pids first. Children are looked at as they are (any may exit meanwhile).
+        deadline = time.monotonic() + 60
+        while not (holders := _seen(driver.pid, lambda argv: "_entry.py" not in " ".join(argv))):
+            assert time.monotonic() < deadline, (
+                "the driver's fork (holding the lifeline) did not start"
+            )
+            time.sleep(0.02)
         tracked += holders
-        assert holders, "the driver's fork (holding the lifeline) did not start"
-        templates = [
-            of(p.pid)
-            for p in psutil.Process(driver.pid).children()
-            if p.cmdline()[-1:] == ["--zygote"]
-        ]
+        templates = _seen(driver.pid, lambda argv: argv[-1:] == ["--zygote"])
         tracked += templates
         assert templates or not forked  # (the first worker of either starts one)
     finally:
@@ -178,7 +187,8 @@ def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
             def hang(marker):
                 import os, pathlib, subprocess, time
                 child = subprocess.Popen(["sleep", "300"])
-                pathlib.Path(marker).write_text(f"{{os.getpid()}} {{child.pid}}")
+                pathlib.Path(marker + ".tmp").write_text(f"{{os.getpid()}} {{child.pid}}")
+                os.replace(marker + ".tmp", marker)  # whole: the test polls for it
                 time.sleep(300)
 
             futures = [jre.remote(hang).remote({str(marker)!r} + str(i)) for i in range(2)]
