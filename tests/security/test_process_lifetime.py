@@ -95,8 +95,16 @@ def installers_of(owner: int, pid_file: Path) -> list[psutil.Process]:
     tree = processes.descendants(owner)
     assert backend in [p.pid for p in tree], "the build backend is not the owner's descendant"
     # Their own session: a signal to the owner does not reach them by itself.
-    assert {os.getsid(p.pid) for p in tree} != {os.getsid(owner)}
+    assert {session_of(p.pid) for p in tree} - {None} != {os.getsid(owner)}
     return tree
+
+
+def session_of(pid: int) -> int | None:
+    """The session of ``pid``; None if it exited since it was listed (a short-lived helper)."""
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
