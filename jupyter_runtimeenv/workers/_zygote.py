@@ -113,7 +113,12 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         clone = _Clone()
     except OSError as exc:
         hello["error"] = str(exc)
-    if sys.platform == "linux" and clone is not None and parent == os.getppid():
+    # The driver starts us itself (never behind a command prefix): a parent that is not
+    # our parent any more died while we imported. Its lifeline and our control socket may
+    # still be open in a fork of it (a notebook's multiprocessing), so neither tells.
+    if parent and os.getppid() != parent:
+        os._exit(0)
+    if sys.platform == "linux" and clone is not None and parent:
         _pdeath_signal = signal.SIGRTMIN + pdeath_offset
         signal.signal(_pdeath_signal, _on_pdeath)  # this is the main (and only) thread
         libc = ctypes.CDLL(None, use_errno=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,9 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
 from processes import Proc, children, cmdline, kill_all, of, survivors
+
+from jupyter_runtimeenv.workers.process import CLOUDPICKLE_VAR, ENTRY
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX only")
 
@@ -143,7 +147,44 @@ def test_the_parent_death_signal_alone_ends_the_worker_and_its_children(
         assert templates or not forked  # (the first worker of either starts one)
     finally:
         sigkill(driver)
-    assert survivors([worker, child, *templates], WITHIN) == []
+    assert survivors([worker, child], WITHIN) == []
+    # A template goes too: at once if it was ready (forked: the driver waited for it), else
+    # as soon as its start is done and it finds its parent gone (``_zygote.serve``).
+    assert survivors(templates, 60) == []
+
+
+def test_a_template_whose_driver_died_as_it_started_exits(tmp_path: Path) -> None:
+    # The driver died while its template imported: the template's parent is not the one
+    # it was told. Its control socket and lifeline are held here, as a fork of the driver
+    # (a notebook's multiprocessing) would hold them, so only the parent check can tell.
+    # Before that check the template said HELLO and served (forever).
+    if sys.platform != "linux":
+        pytest.skip("templates are Linux's")
+    ours, theirs = socket.socketpair()
+    life_r, life_w = os.pipe()
+    stranger = subprocess.Popen(["sleep", "300"])  # alive, and not the template's parent
+    argv = [
+        sys.executable, ENTRY, "--fd", str(theirs.fileno()), "--lifeline", str(life_r),
+        "--parent", str(stranger.pid), "--zygote",
+    ]  # fmt: skip
+    template = subprocess.Popen(
+        argv,
+        pass_fds=(theirs.fileno(), life_r),
+        env={**os.environ, CLOUDPICKLE_VAR: os.path.dirname(cloudpickle.__file__)},
+        start_new_session=True,
+    )
+    try:
+        theirs.close()
+        os.close(life_r)
+        ours.settimeout(120)
+        assert ours.recv(4096) == b"", "the template said HELLO to a driver that is gone"
+        assert template.wait(120) == 0
+    finally:
+        for proc in (template, stranger):
+            proc.kill()
+            proc.wait()
+        ours.close()
+        os.close(life_w)
 
 
 def test_the_lifeline_alone_ends_the_worker_and_its_children(
