@@ -230,8 +230,14 @@ def _become_worker(request: dict[str, Any], fds: list[int], control: socket.sock
     for fd in fds:
         os.close(fd)
     fds.clear()
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # Only what differs (most of a worker's environment is its template's): clearing and
+    # setting all of it was ~0.2 ms of putenv/unsetenv for 40 variables, 5x this.
+    environ, wanted = os.environ, request["env"]
+    for name in [name for name in environ if name not in wanted]:
+        del environ[name]
+    for name, value in wanted.items():
+        if environ.get(name) != value:
+            environ[name] = value
     time.tzset()  # the time module read TZ when the template imported it
     os.chdir(request["cwd"])
     os.umask(request["umask"])

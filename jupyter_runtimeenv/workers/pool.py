@@ -563,7 +563,9 @@ class Pool:
         general = self._general()
         if len(general) >= self.max_workers:
             return None  # first: a burst of calls on a full pool must not count the queue
-        starting = sum(1 for w in general if not w.ready)
+        # Starting workers that hold no call yet will take queued ones (one that holds
+        # its first call already, sent before its HELLO, takes no other).
+        starting = sum(1 for w in general if not w.ready and not w.held)
         if starting >= sum(1 for t in self._queue if t.affinity is None):
             return None
         worker = WorkerProcess(self.ctx, self)
@@ -617,12 +619,47 @@ class Pool:
         threading.Thread(target=self.close, name=f"{self.name}-close", daemon=True).start()
 
     def _start(self, worker: WorkerProcess) -> None:
-        """Launch a reserved worker. Lock not held."""
+        """Launch a reserved worker, and send it its first call at once. Lock not held."""
         try:
             worker.start()
         except WorkerError as exc:
             self.worker_died(worker, exc)
+        else:
+            with self._lock:
+                first = self._first_call(worker)
+            if first:
+                worker.flush()
         _notify()
+
+    def _first_call(self, worker: WorkerProcess) -> bool:
+        """Give a worker that is starting the call it was started for, to be sent before
+        its HELLO: it finds the call in its socket as it starts serving, instead of waiting
+        for the driver to read the HELLO and answer (two wake-ups of a process on a loaded
+        machine: 3-5 ms of a forked worker's ~15 ms first result at load 13,
+        ``benchmarks/bench_fork.py``). Not when it will import learned modules first (the
+        call would run before them). If it dies before HELLO, the call never started there:
+        ``worker_died`` queues it again, as any held call its status word does not name."""
+        if (
+            worker not in self._workers
+            or self.state is PoolState.CLOSED
+            or worker.ready
+            or worker.held
+            or worker.retired
+            or not worker.pid
+            or self.habits.preload()
+        ):
+            return False
+        key = self._bound.get(worker)
+        if key is not None:
+            task = self._take(key)
+        else:
+            task = next((t for t in self._queue if t.affinity is None), None)
+            if task is not None:
+                self._queue.remove(task)
+        if task is None:
+            return False
+        self._assign(worker, task)
+        return True
 
     def _start_soon(self, worker: WorkerProcess) -> None:
         """Launch a reserved spare from a short thread: the caller (``.remote()``, a reader

@@ -276,3 +276,43 @@ def test_the_worker_imports_cloudpickle_only_when_a_task_needs_it(make_pool: Mak
     assert submit(pool, eval, loaded).result(30) is False  # a builtin goes by reference
     assert submit(pool, lambda: 1).result(30) == 1  # a lambda goes by value
     assert submit(pool, eval, loaded).result(30) is True
+
+
+def test_a_new_workers_first_call_is_sent_before_its_hello(
+    make_pool: MakePool, ctx: EnvContext, tmp_path: Any
+) -> None:
+    # The worker's setup hook (run before HELLO) waits for a gate: meanwhile the driver has
+    # handed it its call and sent it (held, outbox empty) although it is not ready; once the
+    # gate opens, it runs that call without waiting for the driver again.
+    gate = tmp_path / "gate"
+    (tmp_path / "gatehook.py").write_text(
+        "import os, time\n"
+        "def wait():\n"
+        "    deadline = time.monotonic() + 120\n"
+        f"    while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+    )
+    pool = make_pool(
+        ctx.replace(
+            env_vars={
+                **ctx.env_vars,
+                "JUPYTER_RUNTIMEENV_SETUP_HOOK": '{"import": "gatehook.wait"}',
+            },
+            driver_sys_path=[*ctx.driver_sys_path, str(tmp_path)],
+        ),
+        max_workers=1,
+    )
+    future = submit(pool, pid)
+    deadline = time.monotonic() + 120
+
+    def sent_workers() -> list[Any]:
+        with pool._lock:
+            return [w for w in pool._workers if w.held and not w.outbox]
+
+    while not (sent := sent_workers()):
+        assert time.monotonic() < deadline, "no worker was sent the call before its HELLO"
+        time.sleep(0.01)
+    (worker,) = sent
+    assert not worker.ready  # its setup hook still waits: no HELLO yet
+    gate.write_text("open")
+    assert future.result(120) == worker.pid
