@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
+import psutil
 import pytest
 
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
@@ -59,3 +62,68 @@ async def make_agent(cache_dir: Path) -> AsyncIterator[Callable[..., Any]]:
     yield make
     for agent in agents:
         await agent.stop()
+
+
+# -- which test leaves worker processes behind ----------------------------------------------
+# After each test, the worker processes (workers/_entry.py; not the --zygote templates, which
+# outlive pools by design) among our descendants (a kernel's workers are its children): each
+# new one is put down to the test after which it was first seen, and how long it lived on is
+# kept. Those alive _LEFT_FOR seconds later are listed at the end of the run and, as they are
+# found, appended to the file $JUPYTER_RUNTIMEENV_TEST_LEAKS if set. A report, not a
+# failure: a worker of a kernel still shutting down is seen once and gone at the next look.
+# (It found the kernels tests/notebooks left running, with their workers, for minutes.)
+_LEFT_FOR = 30.0
+_left: dict[psutil.Process, tuple[str, str, float, float]] = {}
+
+
+def _worker_processes() -> list[psutil.Process]:
+    found = []
+    for proc in processes.descendants():
+        argv = processes.cmdline(proc)
+        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
+            found.append(proc)
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    now = time.monotonic()
+    for proc in _worker_processes():
+        seen = _left.get(proc)
+        if seen is None:
+            try:
+                parent = f"{proc.ppid()} {processes.cmdline(proc.ppid())[:3]}"
+            except psutil.Error:
+                parent = "(gone)"
+            _left[proc] = (item.nodeid, parent, now, now)
+        else:
+            _left[proc] = (*seen[:3], now)
+            if now - seen[2] >= _LEFT_FOR and seen[3] - seen[2] < _LEFT_FOR:
+                _note(
+                    f"{seen[0]}: worker pid {proc.pid} (parent {seen[1]}) still alive "
+                    f"{now - seen[2]:.0f} s later, after {item.nodeid}"
+                )
+
+
+def _note(line: str) -> None:
+    # As it is found, too (the summary comes only at the end of a run of many minutes).
+    log = os.environ.get("JUPYTER_RUNTIMEENV_TEST_LEAKS")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    now = time.monotonic()
+    for proc in _worker_processes():  # still alive at the end: seen until now
+        if proc in _left:
+            _left[proc] = (*_left[proc][:3], now)
+    lasting = [(p, v) for p, v in _left.items() if v[3] - v[2] >= _LEFT_FOR]
+    if lasting:
+        terminalreporter.section("worker processes left behind by tests")
+        for proc, (nodeid, parent, first, last) in lasting:
+            terminalreporter.line(
+                f"{nodeid}: worker pid {proc.pid} (parent {parent})"
+                f" alive {last - first:.0f} s after it"
+            )

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import processes
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -25,18 +26,44 @@ def kernel_manager() -> Iterator[KernelManager]:
     """A ``python3`` kernel manager whose channels are unix sockets in a directory of their
     own (removed after the block). Not TCP: jupyter_client picks free ports by binding port 0
     and closing it, and under load another process can take one before the kernel binds it
-    ('Address already in use': the kernel dies before replying to kernel_info)."""
+    ('Address already in use': the kernel dies before replying to kernel_info).
+
+    A kernel started with it is shut down when the block ends, and its processes (the
+    workers of its pools) are waited for: nbclient given a manager starts its kernel but
+    leaves it running, and such kernels, with their workers, stayed children of pytest for
+    the rest of a whole-suite run (tests/notebooks)."""
     sockets = tempfile.mkdtemp(prefix="kernel-")  # short: a socket path fits in 107 bytes
+    km = KernelManager(
+        kernel_name="python3",
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[]),
+        transport="ipc",
+        ip=os.path.join(sockets, "channel"),
+        connection_file=os.path.join(sockets, "kernel.json"),
+    )
     try:
-        yield KernelManager(
-            kernel_name="python3",
-            kernel_spec_manager=KernelSpecManager(kernel_dirs=[]),
-            transport="ipc",
-            ip=os.path.join(sockets, "channel"),
-            connection_file=os.path.join(sockets, "kernel.json"),
-        )
+        yield km
     finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+        try:
+            stop_kernel(km)
+        finally:
+            shutil.rmtree(sockets, ignore_errors=True)
+
+
+def stop_kernel(km: KernelManager, timeout: float = 60) -> None:
+    """Shut ``km``'s kernel down if it runs (its pools close as it exits), then wait up to
+    ``timeout`` seconds for it and every process it had started; SIGKILL what is left."""
+    if not km.has_kernel:
+        return
+    pid = getattr(km.provisioner, "pid", None)
+    kernel = processes.Proc.of(pid) if isinstance(pid, int) else None
+    procs = [kernel] if kernel is not None else []
+    for child in processes.descendants(pid) if isinstance(pid, int) else []:
+        if (proc := processes.Proc.of(child.pid)) is not None:
+            procs.append(proc)
+    try:
+        km.shutdown_kernel()
+    finally:
+        processes.kill_all(processes.survivors(procs, timeout))
 
 
 @contextmanager

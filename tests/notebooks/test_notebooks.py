@@ -28,9 +28,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 from jupyter_process import JupyterProcess
+from kernel_process import kernel_manager
 from nbclient import NotebookClient
 
 from jupyter_runtimeenv.quickstart import text_outputs
@@ -130,10 +129,14 @@ def run_embedded(
     folder = copy_notebooks(tmp_path)
     monkeypatch.setenv("JUPYTER_RUNTIMEENV_CACHE", str(tmp_path / "cache"))
     nb = nbformat.read(folder / name, as_version=4)
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    NotebookClient(
-        nb, km=km, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-    ).execute()
+    with kernel_manager() as km:  # stopped after (nbclient leaves a given manager's kernel)
+        NotebookClient(
+            nb,
+            km=km,
+            timeout=240,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(folder)}},
+        ).execute()
     return nb
 
 
