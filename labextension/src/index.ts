@@ -118,7 +118,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
           widget = createLogWidget(model, envId);
           logs.set(envId, widget);
           widget.disposed.connect(() => logs.delete(envId));
-          app.shell.add(widget, 'main', { mode: 'split-right' });
+          if (labShell) {
+            app.shell.add(widget, 'main', { mode: 'split-right' });
+          } else {
+            // Notebook 7's page holds one main widget (it ignores a second): the log
+            // opens as the page's right side panel, next to the notebook.
+            widget.title.caption = widget.title.label;
+            app.shell.add(widget, 'right', { rank: 1000 });
+          }
         }
         app.shell.activateById(widget.id);
       }
