@@ -9,8 +9,10 @@ field's packages to the lock's versions, so another machine or a later year inst
 same ones; ``--upgrade`` resolves the spec's own requirements instead.
 
 Who calls it: ``server.notebook_env`` (the lock when saving, the badge's comparison) and
-``ipython.magics`` (``--lock``). Only the versions (or the direct URL of a package without
-one) are taken from a lock; the installer fetches them from the configured index.
+``ipython.magics`` (``--lock``). A package from an index is pinned by its version (the
+installer fetches it from the index it is configured with; the lock's hashes are not
+enforced), one installed from a file, a directory or a VCS by that source; editable installs,
+which no lock holds, stay as the spec asks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import glob
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
@@ -88,29 +91,50 @@ def _toml() -> Any:
 
 
 def _pin(package: dict[str, Any], where: str) -> str:
-    """One requirement line for a locked package: ``name==version``, or ``name @ url`` for
-    one locked by its file alone; its marker kept."""
+    """One requirement line for a locked package, its marker kept: ``name @ url`` for one
+    installed from a file, a directory or a VCS (it came from no index), else
+    ``name==version``."""
     name = package["name"]
+    direct = _direct(package)
     version = package.get("version")
-    if isinstance(version, str) and version:
+    if direct is not None:
+        line = f"{name} @ {direct}"
+    elif isinstance(version, str) and version:
         line = f"{name}=={version}"
     else:
-        url = None
-        for key in ("archive", "sdist"):
-            entry = package.get(key)
-            if isinstance(entry, dict):
-                url = entry.get("url") or entry.get("path")
-        wheels = package.get("wheels")
-        if url is None and isinstance(wheels, list) and wheels and isinstance(wheels[0], dict):
-            url = wheels[0].get("url") or wheels[0].get("path")
-        vcs = package.get("vcs")
-        if url is None and isinstance(vcs, dict) and vcs.get("url"):
-            url = f"{vcs.get('type', 'git')}+{vcs['url']}@{vcs.get('commit-id', '')}".rstrip("@")
-        if not isinstance(url, str):
-            raise SpecError(where, f"package {name!r} has neither a version nor a file")
-        line = f"{name} @ {url}"
+        raise SpecError(where, f"package {name!r} has neither a version nor a file")
     marker = package.get("marker")
     return f"{line} ; {marker}" if isinstance(marker, str) and marker else line
+
+
+def _direct(package: dict[str, Any]) -> str | None:
+    """The URL of a package locked by its source (PEP 751 ``archive``, ``directory``,
+    ``vcs``), or ``None`` for one from an index (``wheels``/``sdist`` with a version)."""
+    for key in ("archive", "directory"):
+        entry = package.get(key)
+        if isinstance(entry, dict):
+            url = entry.get("url")
+            path = entry.get("path")
+            if isinstance(url, str) and url:
+                return url
+            if isinstance(path, str) and path:
+                return Path(path).absolute().as_uri()
+    vcs = package.get("vcs")
+    if isinstance(vcs, dict) and isinstance(vcs.get("url"), str):
+        commit = vcs.get("commit-id")
+        ref = f"@{commit}" if isinstance(commit, str) and commit else ""
+        return f"{vcs.get('type', 'git')}+{vcs['url']}{ref}"
+    if not package.get("version"):  # a file and no version: the file is all there is
+        for key in ("sdist",):
+            entry = package.get(key)
+            if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+                return str(entry["url"])
+        wheels = package.get("wheels")
+        if isinstance(wheels, list) and wheels and isinstance(wheels[0], dict):
+            url = wheels[0].get("url")
+            if isinstance(url, str):
+                return url
+    return None
 
 
 def locked_spec(spec: Mapping[str, Any], text: str, where: str) -> dict[str, Any]:
@@ -123,11 +147,19 @@ def locked_spec(spec: Mapping[str, Any], text: str, where: str) -> dict[str, Any
         return out
     pins = [_pin(p, f"{where}.packages[{i}]") for i, p in enumerate(read_lock(text, where))]
     value = out[field]
+    # Editable installs are not in a lock (uv pip freeze leaves them out): kept as asked.
+    asked = value.get("packages") if isinstance(value, Mapping) else value
+    if isinstance(asked, list):
+        pins += [line for line in asked if isinstance(line, str) and _is_editable(line)]
     if isinstance(value, Mapping):
         out[field] = {**value, "packages": pins}
     else:  # a list or a requirements file
         out[field] = pins
     return out
+
+
+def _is_editable(line: str) -> bool:
+    return line.lstrip().startswith(("-e ", "-e\t", "--editable"))
 
 
 def locked_versions(text: str, where: str) -> dict[str, str]:
