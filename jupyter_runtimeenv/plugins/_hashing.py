@@ -295,21 +295,23 @@ def _hash_tree(
     todo: list[Found] = []
     for item in found:
         hit = prior.get(item[1])
-        if hit is not None and hit[0] == item[3]:
+        if hit is not None and hit[0] == item[2]:
             entries.append(hit[1])
         else:
             entries.append(None)
             todo.append(item)
     blobs = None if store is None else str(store)
     new = iter(
-        FileEntry(rel, path, blob_mode(st.st_mode), st.st_size, sha)
-        for (rel, path, st, _), sha in zip(todo, _hash_all(todo, blobs), strict=True)
+        FileEntry(rel, path, blob_mode(st_mode), key[2], sha)
+        for (rel, path, key, st_mode), sha in zip(
+            todo, _hash_all(todo, walk.stats, blobs), strict=True
+        )
     )
     done = tuple(entry or next(new) for entry in entries)
     tree = Tree(_digest(done), done)
     # Without a watch the next call compares stats, which a file changed within the racy
     # window could keep while changing again: such a tree is not "settled".
-    settled = all(st.st_ctime_ns < started - _statcache.RACY_NS for _, _, st, _ in found)
+    settled = all(key[4] < started - _statcache.RACY_NS for _, _, key, _ in found)
     if (watch is not None and watch.usable) or settled:
         # A watch was armed before any directory was listed: a write after that is an event,
         # one before it was read here; the tree stands until an event, settled or not.
@@ -374,13 +376,18 @@ def _drop(memo: _Memo) -> None:
         memo.watch.close()
 
 
-def _hash_all(found: list[Found], store: str | None) -> list[str]:
-    shas: list[str | None] = [_statcache.lookup(path, st) for _, path, st, _ in found]
+def _hash_all(found: list[Found], stats: dict[str, os.stat_result], store: str | None) -> list[str]:
+    """The sha256 of each file of ``found`` (from the stat cache, else read) whose stat is
+    in ``stats`` (the walk's): every file a walk did not stat again was known before."""
+    sts = [stats.get(path) or os.stat(path) for _, path, _, _ in found]
+    shas: list[str | None] = [
+        _statcache.lookup(path, st) for (_, path, _, _), st in zip(found, sts, strict=True)
+    ]
     todo = [i for i, sha in enumerate(shas) if sha is None]
 
     def run(indices: Sequence[int]) -> None:
         for i in indices:
-            _, path, st, _ = found[i]
+            path, st = found[i][1], sts[i]
             shas[i] = _hash_one(path, st, store, blob_mode(st.st_mode))
 
     if len(todo) < _THREADS_FROM:

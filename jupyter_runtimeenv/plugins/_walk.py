@@ -27,6 +27,7 @@ MAX_GITIGNORE_PATTERNS = 10_000
 __all__ = [
     "MAX_GITIGNORE_BYTES",
     "MAX_GITIGNORE_PATTERNS",
+    "Child",
     "Dirty",
     "Found",
     "Kept",
@@ -73,28 +74,16 @@ def _read_gitignore(path: str) -> list[str] | None:
     return lines
 
 
-#: A file the walk kept: its relative path (with the prefix), its path, its stat and the
-#: stat's key (``_statcache.key_of``).
-Found = tuple[str, str, os.stat_result, _statcache.Key]
-
-
-class _Child:
-    """One entry of a directory as last listed: its name, kind and (for a file, once
-    needed) its stat, following symlinks; ``st`` None with ``checked``: nothing a worker
-    could read (a dangling symlink, a FIFO, a symlink to a directory)."""
-
-    __slots__ = ("checked", "dangling", "is_dir", "is_link", "name", "st")
-
-    def __init__(self, name: str, is_dir: bool, is_link: bool) -> None:
-        self.name, self.is_dir, self.is_link = name, is_dir, is_link
-        self.st: os.stat_result | None = None
-        self.checked = self.dangling = False
-
-
+#: A file the walk kept: its relative path (with the prefix), its path, its stat's key
+#: (``_statcache.key_of``: size and ctime are in it) and its ``st_mode``. Kept for the next
+#: walk, so no ``os.stat_result`` (~0.6 KB each): ``Walk.stats`` has this walk's.
+Found = tuple[str, str, _statcache.Key, int]
+#: A directory entry as listed: its name, whether it is a directory, whether a symlink.
+Child = tuple[str, bool, bool]
 #: A directory's ``.gitignore`` lines (None: none) and its entries in name order.
-Listing = tuple["list[str] | None", "list[_Child]"]
-#: What a walk kept of one directory, in name order: a file as (relative path with the
-#: prefix, path, stat, stat key), a subdirectory as its path relative to the root.
+Listing = tuple["list[str] | None", "list[Child]"]
+#: What a walk kept of one directory, in name order: a file as its ``Found``, a
+#: subdirectory as its path relative to the root.
 Kept = list["Found | str"]
 
 
@@ -135,25 +124,28 @@ class Walk:
         self.field = field
         self.hint = hint
         self.found: list[Found] = []
+        #: The stat of each file this walk stat'ed (those of directories it listed again).
+        self.stats: dict[str, os.stat_result] = {}
         self.total = 0
 
     @property
     def signature(self) -> list[tuple[str, _statcache.Key]]:
         """(relative path, stat key) of each file: what identifies an unchanged tree."""
-        return [(rel, key) for rel, _, _, key in self.found]
+        return [(rel, key) for rel, _, key, _ in self.found]
 
     def file(self, rel: str, path: str, st: os.stat_result) -> Found:
-        found = (rel, path, st, _statcache.key_of(st))
+        found = (rel, path, _statcache.key_of(st), st.st_mode)
+        self.stats[path] = st
         self.add(found)
         return found
 
     def add(self, found: Found) -> None:
         self.found.append(found)
-        self.total += found[2].st_size
+        self.total += found[2][2]
         if self.limit is not None and self.total > self.limit:
             largest = ", ".join(
-                f"{rel} ({_mb(st.st_size)})"
-                for rel, _, st, _ in heapq.nlargest(5, self.found, key=lambda f: f[2].st_size)
+                f"{rel} ({_mb(key[2])})"
+                for rel, _, key, _ in heapq.nlargest(5, self.found, key=lambda f: f[2][2])
             )
             raise SpecError(
                 self.field,
@@ -185,31 +177,25 @@ class Walk:
                     self.add(item)
             return
         kept = self.kept[dirpath] = []
-        for child in children:
-            rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
-            if ignored(rel, child.is_dir, matchers):
+        for name, is_dir, is_link in children:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if ignored(rel, is_dir, matchers):
                 continue
-            if child.is_dir:
+            if is_dir:
                 kept.append(rel)
                 self.walk(rel, matchers, prefix, same)
                 continue
-            path = os.path.join(dirpath, child.name)
-            if not child.checked:  # stat'ed once needed: excluded files never are
-                child.checked = True
-                try:
-                    found = os.stat(path)
-                except OSError:
-                    # A dangling symlink: nothing a worker could read, until its target
-                    # appears, maybe outside the tree (no event here): walk every time.
-                    child.dangling = child.is_link
-                else:
-                    if stat.S_ISREG(found.st_mode):  # not sockets, fifos, links to dirs
-                        child.st = found
-            st = child.st
-            if st is None:
-                self.linked = self.linked or child.dangling
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                # A dangling symlink: nothing a worker could read, until its target
+                # appears, maybe outside the tree (no event here): walk every time.
+                self.linked = self.linked or is_link
                 continue
-            if st.st_nlink > 1 or child.is_link:
+            if not stat.S_ISREG(st.st_mode):
+                continue  # sockets, fifos, symlinks to directories
+            if st.st_nlink > 1 or is_link:
                 self.linked = True
             kept.append(self.file(f"{prefix}/{rel}" if prefix else rel, path, st))
 
@@ -219,8 +205,8 @@ class Walk:
             self.before_scan(dirpath)  # before the listing: a change after it is an event
         gitignore = _read_gitignore(os.path.join(dirpath, ".gitignore"))
         with os.scandir(dirpath) as it:
-            children = [_Child(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it]
-        children.sort(key=lambda c: c.name)
+            children = [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it]
+        children.sort()
         return gitignore, children
 
 
