@@ -9,23 +9,17 @@ that names the field; no traceback.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import signal
-import sqlite3
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .agent import RuntimeEnvAgent
 
-# The agent, the spec parser, the errors (cloudpickle) and asyncio are imported once the arguments
-# are parsed: ``--help`` and usage errors answer at once, and every command pays only for
-# what it runs (tests/ipython/test_import_budget.py keeps it so).
+# The agent, the spec parser, the errors (cloudpickle), asyncio, sqlite3, json and pathlib are
+# imported once the arguments are parsed: ``--help`` and usage errors answer at once, and
+# every command pays only for what it runs (tests/ipython/test_import_budget.py keeps it so).
 
 CLI_HOLDER = "cli"
 
@@ -81,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _size(text: str) -> int:
+    import math
+
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = text[-1] if text and text[-1] in units else ""
@@ -121,6 +117,7 @@ async def _run_until_signal(args: argparse.Namespace) -> int:
     """``_run``, cancelled by SIGTERM or SIGHUP: the agent stops (builds cancelled, their
     process groups killed), then the command exits 128 + the signal's number."""
     import asyncio
+    import signal
 
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -160,6 +157,8 @@ async def _to_thread(func: Any, *args: Any) -> Any:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    import json
+
     from .agent import RuntimeEnvAgent
 
     async with RuntimeEnvAgent(args.cache_dir) as agent:
@@ -195,6 +194,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
+    import json
+    import time
+
     spec = await _to_thread(agent.parse, _spec_input(args.spec))
     if not args.json and not args.quiet:
 
@@ -269,6 +271,8 @@ def _install_kernelspec(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    import sqlite3
+
     from .errors import BuildError, RuntimeEnvError, SpecError
 
     try:
@@ -287,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error) as exc:  # the disk filled up (or went away) mid-command
+        from pathlib import Path
+
         from .agent.cache import default_cache_dir
         from .agent.private import describe
 

@@ -84,45 +84,71 @@ class PluginRegistry:
         #: Import paths (``a.b.C``) of the plugins of the entry point group.
         self._registered: dict[str, RuntimeEnvPlugin] = {}
         self._by_path: dict[str, RuntimeEnvPlugin] = {}
+        #: Entry points not imported yet, field -> import path: a plugin is imported when a
+        #: spec first uses its field (``%runtime_env --env-var`` in a fresh kernel imported
+        #: all nine, pip's packaging among them: a third of its time).
+        self._pending: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._loading = threading.RLock()
         if plugins is None:
-            self._load_entry_points()
+            self._pending = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
         else:
             for plugin in plugins:
                 self.add(plugin)
 
-    def _load_entry_points(self) -> None:
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+    def _load(self, name: str) -> None:
+        """Import the entry point of field ``name`` if it is still pending."""
+        if name not in self._pending:
+            return
+        with self._loading:
+            path = self._pending.get(name)
+            if path is None:
+                return
             try:
-                plugin = load_plugin(ep.value, field=ep.name)
+                plugin = load_plugin(path, field=name)
             except PluginNotFound as exc:
                 # Remembered, reported when a spec uses the field: one broken third-party
                 # plugin must not break every spec.
-                self._errors[ep.name] = exc.reason
-                continue
-            self.add(plugin, field=ep.name)
-            self._registered[_normal_path(ep.value)] = plugin
+                self._errors[name] = exc.reason
+            else:
+                self.add(plugin, field=name)
+                self._registered[_normal_path(path)] = plugin
+            self._pending.pop(name, None)
+
+    def _load_all(self) -> None:
+        for name in list(self._pending):
+            self._load(name)
 
     def add(self, plugin: RuntimeEnvPlugin, *, field: str | None = None) -> None:
         name = field or plugin.name
         if not name:
             raise PluginNotFound("plugins", f"{type(plugin).__name__} has no name")
+        # A plugin added for a field replaces its entry point's, loaded or not.
+        self._pending.pop(name, None)
         self._by_field[name] = plugin
         for alias in plugin.aliases:
             self._aliases[alias] = name
 
     def fields(self) -> list[str]:
         """The spec fields plugins claim, aliases included."""
+        self._load_all()
         return sorted({*self._by_field, *self._aliases})
 
     def canonical_field(self, name: str) -> str:
+        # An entry point's own name is a field; anything else may be an alias of a plugin
+        # not imported yet (``uv`` is pip's), so every plugin is imported to know.
+        if name not in self._aliases and name not in self._by_field and name not in self._pending:
+            self._load_all()
         return self._aliases.get(name, name)
 
     def for_field(self, name: str) -> RuntimeEnvPlugin | None:
-        return self._by_field.get(self.canonical_field(name))
+        field = self.canonical_field(name)
+        self._load(field)
+        return self._by_field.get(field)
 
     def broken(self, name: str) -> str | None:
         """Why the entry point registered for ``name`` failed to load, if it did."""
+        self._load(name)
         return self._errors.get(name)
 
     def is_registered(self, path: str) -> bool:
@@ -130,15 +156,20 @@ class PluginRegistry:
         one given to this registry): naming it imports nothing new."""
         if _normal_path(path) in self._registered:
             return True
+        if any(_normal_path(path) == _normal_path(p) for p in list(self._pending.values())):
+            return True
         return any(
             _normal_path(path) == f"{type(p).__module__}.{type(p).__qualname__}"
-            for p in self._by_field.values()
+            for p in list(self._by_field.values())
         )
 
     def by_path(self, path: str) -> RuntimeEnvPlugin:
         """The plugin at import path ``path``, imported on first use (the caller's
         ``SpecPolicy`` decided it may be); ``PluginNotFound`` naming it otherwise."""
         field = f"plugins.{path}"
+        for name, value in list(self._pending.items()):
+            if _normal_path(value) == _normal_path(path):
+                self._load(name)
         registered = self._registered.get(_normal_path(path))
         if registered is not None:
             return registered
