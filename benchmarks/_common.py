@@ -227,6 +227,18 @@ def wheelhouse() -> Path:
     return where
 
 
+def compile_package() -> None:
+    """Byte-compile this checkout's package, as installing its wheel does: an editable
+    checkout run with ``PYTHONDONTWRITEBYTECODE=1`` (this machine's sessions have it)
+    compiles every module from source in every new process, 0.2-0.3 s of a CLI command or of
+    ``%load_ext`` + ``%runtime_env`` in a fresh kernel that no installed copy pays."""
+    import compileall
+
+    import jupyter_runtimeenv
+
+    compileall.compile_dir(Path(jupyter_runtimeenv.__file__).parent, quiet=1)
+
+
 def kernel_pins(where: Path) -> list[str]:
     """``name==version`` of this interpreter's installed versions of the wheelhouse's
     packages, where they differ from every wheel there."""

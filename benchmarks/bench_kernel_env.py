@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _common import compile_package
 from bench_server_loop import API, free_port, start_server, wait_until_up
 
 MAGIC = "%runtime_env --env-var K=1 --no-widget"
@@ -103,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    compile_package()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="jre-bench-kenv-") as name:
         data = run(Path(name), args.reps)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_scaling
-from _common import HERE, Result, descendants, make_tree, progress, wheelhouse
+from _common import HERE, Result, compile_package, descendants, make_tree, progress, wheelhouse
 from ours import Ours
 
 from jupyter_runtimeenv.plugins._uv import uv_bin
@@ -356,6 +356,7 @@ def main() -> None:
     if args.scaling:
         scaling_main(args)
         return
+    compile_package()
     started, load = time.time(), os.getloadavg()
     reps = REPS["quick" if args.quick else "full"]
     wh = wheelhouse()
