@@ -16,6 +16,7 @@ The versions are read from the distributions' metadata in the parent's site dire
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from importlib import metadata
 
@@ -28,17 +29,50 @@ __all__ = ["installed_versions", "pins_for"]
 
 
 def installed_versions(site_dirs: Iterable[str]) -> dict[str, str]:
-    """``{canonical name: version}`` of the distributions in ``site_dirs``."""
+    """``{canonical name: version}`` of the distributions in ``site_dirs``.
+
+    A ``name-version.dist-info`` directory with its METADATA gives both from its name, as
+    installers write it (the wheel spec's escaped name and normalised version); anything
+    else (``.egg-info``, an odd name) is read as importlib.metadata reads it. Parsing every
+    METADATA took 0.3-0.6 s for a kernel's 194 packages, in every build of a layered env.
+    """
     found: dict[str, str] = {}
-    for dist in metadata.distributions(path=list(site_dirs)):
+    for directory in site_dirs:
         try:
-            name, version = dist.metadata["Name"], dist.version
-        except Exception:  # a broken .dist-info: not a constraint
+            entries = os.listdir(directory or ".")
+        except OSError:
             continue
-        if not name or not version:
-            continue
-        found.setdefault(canonicalize_name(name), version)
+        for entry in entries:
+            lower = entry.lower()
+            if not lower.endswith((".dist-info", ".egg-info")):
+                continue
+            path = os.path.join(directory, entry)
+            pair = _from_dirname(entry, path) or _from_metadata(path)
+            if pair is not None:
+                found.setdefault(canonicalize_name(pair[0]), pair[1])
     return found
+
+
+def _from_dirname(entry: str, path: str) -> tuple[str, str] | None:
+    if not entry.endswith(".dist-info"):
+        return None
+    parts = entry[: -len(".dist-info")].split("-")
+    if len(parts) != 2 or not all(parts):
+        return None
+    if not os.path.isfile(os.path.join(path, "METADATA")):
+        return None  # a broken .dist-info: not a constraint
+    return parts[0], parts[1]
+
+
+def _from_metadata(path: str) -> tuple[str, str] | None:
+    try:
+        dist = metadata.Distribution.at(path)
+        name, version = dist.metadata["Name"], dist.version
+    except Exception:  # a broken .dist-info: not a constraint
+        return None
+    if not name or not version:
+        return None
+    return name, version
 
 
 def pins_for(installed: dict[str, str], requested: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,41 @@ def test_pins_follow_the_request(kernel_env: Path) -> None:
     assert lines == ["numpy==2.3.0"]  # meets the request's specifier: kept
     assert free == ["alpha", "pandas"]  # by URL, and pinned otherwise
     assert installed_versions([str(venv_site_packages(kernel_env))]) == {"alpha": "1.0"}
+
+
+def test_installed_versions_read_as_importlib_reads_them(tmp_path: Path) -> None:
+    """Names and versions from ``.dist-info`` directory names give what importlib.metadata
+    gives (this interpreter's own site directories, ~200 real distributions), and the odd
+    cases (an .egg-info, a name the fast path cannot split, a .dist-info without METADATA,
+    the first of two directories wins) are read the slow way or skipped, as before."""
+    import site
+
+    from packaging.utils import canonicalize_name
+
+    def by_importlib(dirs: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for dist in metadata.distributions(path=dirs):
+            name, version = dist.metadata["Name"], dist.version
+            if name and version:
+                found.setdefault(canonicalize_name(name), version)
+        return found
+
+    real = [p for p in sys.path if p.endswith("site-packages")] or site.getsitepackages()
+    assert len(installed_versions(real)) > 20
+    assert installed_versions(real) == by_importlib(real)
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n"
+    for where, entry, name, version in (
+        (first, "Zeta_Pkg-1.2.post1.dist-info", "Zeta-Pkg", "1.2.post1"),
+        (first, "legacy.egg-info", "Legacy", "0.9"),
+        (first, "odd-name-3.0.dist-info", "odd-name", "3.0"),
+        (second, "zeta_pkg-9.0.dist-info", "zeta-pkg", "9.0"),  # shadowed by first's
+    ):
+        (where / entry).mkdir(parents=True)
+        kind = "PKG-INFO" if entry.endswith(".egg-info") else "METADATA"
+        (where / entry / kind).write_text(meta.format(name, version))
+    (first / "broken-1.0.dist-info").mkdir()  # no METADATA: not a constraint
+    dirs = [str(first), str(second), str(tmp_path / "missing")]
+    expected = {"zeta-pkg": "1.2.post1", "legacy": "0.9", "odd-name": "3.0"}
+    assert installed_versions(dirs) == expected == by_importlib(dirs)
