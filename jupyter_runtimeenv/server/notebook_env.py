@@ -234,7 +234,7 @@ async def env_python(agent: Any, env_id: str | None) -> tuple[str, dict[str, Any
 async def add_locks(agent: Any, meta: dict[str, Any]) -> None:
     """Each of ``meta``'s envs (the default, ``named``'s) with pip/uv packages and an
     ``env_id`` READY here gets ``lock``: uv's ``pylock.toml`` of its venv. One uv cannot
-    lock (an index out of reach) is logged and that env saved without a lock."""
+    lock (an index out of reach) gets ``lock_error`` instead, uv's reason."""
     from ..plugins._uv import installer_env, uv_bin
 
     entries = [meta] if "spec" in meta else []
@@ -253,7 +253,9 @@ async def add_locks(agent: Any, meta: dict[str, Any]) -> None:
         try:
             entry["lock"] = await lock_of_env(python, options, env, uv_bin())
         except RuntimeEnvError as exc:
+            # Saved without a lock; the sidebar says why (and does not store this key).
             log.warning("runtime env %s saved without a lock: %s", entry.get("env_id"), exc)
+            entry["lock_error"] = str(exc)
 
 
 async def compare(agent: Any, lock: str, where: str, env_id: str | None) -> dict[str, Any]:

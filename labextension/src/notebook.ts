@@ -10,7 +10,7 @@
  * the versions of the lock saved with it; "Upgrade" declares them resolved anew instead. The
  * badge says when the envs the kernel runs differ from the notebook's lock.
  */
-import { showErrorMessage } from '@jupyterlab/apputils';
+import { Notification, showErrorMessage } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
@@ -32,10 +32,49 @@ export async function saveEnvToNotebook(
     'GET',
     `kernels/${kernel.id}/notebook_env?path=${path}`
   );
+  const unlocked = takeLockErrors(meta);
   const value = { ...meta, saved: new Date().toISOString() };
   panel.model!.setMetadata(METADATA_KEY, value);
   await panel.context.save();
+  const names = savedNames(value);
+  const locked = names.filter(([, entry]) => !!entry.lock).map(([name]) => name);
+  Notification.success(
+    `Saved ${names.map(([name]) => name).join(', ')} to ${panel.context.path}` +
+      (locked.length ? ` (versions locked: ${locked.join(', ')})` : ''),
+    { autoClose: 5000 }
+  );
+  if (unlocked.length) {
+    Notification.warning(
+      `Saved without a lock (its versions are resolved again where it is declared): ${unlocked.join('; ')}`,
+      { autoClose: false }
+    );
+  }
   return value;
+}
+
+/** The envs of saved metadata by the names users know: ``(default)`` first. */
+function savedNames(meta: Record<string, unknown>): [string, Record<string, unknown>][] {
+  const out: [string, Record<string, unknown>][] = [];
+  if (meta.spec) {
+    out.push(['(default)', meta]);
+  }
+  for (const [name, entry] of Object.entries((meta.named ?? {}) as object)) {
+    out.push([name, entry as Record<string, unknown>]);
+  }
+  return out;
+}
+
+/** Remove the server's ``lock_error`` notes from ``meta`` (they are not saved); each as
+ * ``name: reason``. */
+function takeLockErrors(meta: Record<string, unknown>): string[] {
+  const found: string[] = [];
+  for (const [name, entry] of savedNames(meta)) {
+    if (typeof entry.lock_error === 'string') {
+      found.push(`${name}: ${entry.lock_error}`);
+    }
+    delete entry.lock_error;
+  }
+  return found;
 }
 
 export class NotebookEnvBadge extends Widget {

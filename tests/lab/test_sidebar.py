@@ -233,6 +233,10 @@ def test_save_environment_to_notebook_and_the_badge_on_reopen(
     assert slow["spec"]["pip"]["packages"] == ["alpha"]
     locked = tomllib.loads(slow["lock"])
     assert [(p["name"], p["version"]) for p in locked["packages"]] == [("alpha", "2.0")]
+    assert not any("lock_error" in e for e in (meta, slow))  # a server note, never saved
+    expect(
+        toast(page, "Saved (default), slow to demo.ipynb (versions locked: slow)")
+    ).to_be_visible(timeout=10_000)
     view.command("application:close-all")
     page.wait_for_timeout(500)
     view.command("docmanager:open", {"path": "demo.ipynb"})

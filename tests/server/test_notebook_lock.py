@@ -196,3 +196,31 @@ async def test_a_bad_lock_is_refused_naming_it_and_declares_nothing(
     )
     assert "refused named.side.lock" in out
     assert "default None" in out  # the good default was not declared either
+
+
+async def test_an_env_uv_cannot_lock_is_saved_without_a_lock_saying_why(
+    jp_fetch: Any,
+    jp_serverapp: Any,
+    jp_root_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offline_installers(monkeypatch, make_wheelhouse(tmp_path / "wheelhouse"))
+    kernel_id = await start_kernel(jp_fetch, "python3")
+    await run(
+        jp_serverapp,
+        kernel_id,
+        "get_ipython().run_line_magic('load_ext', 'jupyter_runtimeenv')\n"
+        "get_ipython().run_line_magic('runtime_env', '--pip alpha --no-widget')\n",
+    )
+    await declared(jp_fetch, kernel_id, 1)
+    # The index is gone by the time the notebook is saved: uv cannot write the files' hashes.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    offline_installers(monkeypatch, empty)
+    meta = await call(
+        jp_fetch, "GET", "kernels", kernel_id, "notebook_env", params={"path": "a.ipynb"}
+    )
+    assert "lock" not in meta
+    assert meta["lock_error"].startswith("pip compile failed:"), meta["lock_error"]
+    assert "alpha" in meta["lock_error"]
