@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from wheelhouse import offline_installers
 
@@ -78,6 +79,10 @@ def test_file_then_flags(
         ("--env-var NOVALUE", "env_vars"),
         ("--py-module /no/such/module.py", "py_modules.0"),
         ("--pip 'not a requirement!!'", "pip.packages.0"),
+        # A lock pins pip/uv packages: none here, or no such file, or not a lock.
+        ("--lock pylock.toml", "--lock"),
+        ("--pip alpha --lock /no/such/pylock.toml", "--lock"),
+        (f"--pip alpha --lock {__file__}", "--lock"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(
@@ -97,6 +102,11 @@ def test_bad_input_is_one_line_naming_the_field(
     assert f" {field}: " in lines[0]
     assert "Traceback" not in captured.out + captured.err
     assert api.default_runtime_env() == before  # unchanged
+
+
+def test_lock_and_upgrade_exclude_each_other(shell: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="--upgrade resolves without a lock: drop --lock"):
+        shell.run_line_magic("runtime_env", "--pip alpha --lock x.toml --upgrade")
 
 
 def test_eager_build_prints_steps_and_a_summary(
