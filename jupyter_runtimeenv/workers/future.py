@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -53,6 +54,17 @@ MAX_DELIVERIES = 3
 #: The lock of every ``RemoteFuture`` (see the module docstring). Re-entrant, as
 #: ``concurrent.futures.wait`` takes each future's lock in turn; nothing waits on it.
 _CONDITION = threading.Condition(threading.RLock())
+
+
+def _unlock_after_fork() -> None:
+    # A fork (multiprocessing's default start method on Linux, os.fork in a notebook) while
+    # another thread held the lock -- a reader thread settling a future -- would leave it held
+    # for good in the child, and the child's first future would hang. threading resets its
+    # own locks the same way.
+    threading.Condition.__init__(_CONDITION, threading.RLock())
+
+
+os.register_at_fork(after_in_child=_unlock_after_fork)
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 _NO_CALLBACKS: list[Any] = []  # never appended to: replaced by a list of its own first
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import os
 import sys
 import threading
 import time
@@ -175,3 +176,41 @@ def test_pending_and_settled_calls_keep_few_objects_for_the_gc(
     per_done = sum(freed.values()) / n
     assert per_done <= 3, f"{per_done:.1f} tracked objects per settled future: {freed}"
     assert not any(isinstance(o, RemoteFuture) and o._task is not None for o in gc.get_objects())
+
+
+def test_a_fork_while_another_thread_holds_the_futures_lock() -> None:
+    # The lock every RemoteFuture shares is reset in a forked child: a reader thread may
+    # hold it at the instant of the fork, and the child's futures would hang on it.
+    from jupyter_runtimeenv.workers import future as future_module
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with future_module._CONDITION:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(60)
+        pid = os.fork()
+        if pid == 0:  # the child: a future must work without the parent's holder
+            code = 1
+            try:
+                child = RemoteFuture[int]("child")
+                child.set_result(7)
+                code = 0 if child.result(timeout=5) == 7 and child.done() else 1
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung on the futures' lock")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(waited[1]) == 0
+    finally:
+        release.set()
+        holder.join(60)
