@@ -281,7 +281,7 @@ def main(argv: list[str]) -> int:
     added = apply_sys_path(json.loads(os.environ.get(SYS_PATH_VAR) or "[]"), sys.path)
     protocol, shm, loop = _modules()
     if os.environ.get(TREES_VAR):  # before any user code: writes to shared files copy first
-        _load_by_path("_jupyter_runtimeenv_cow", os.path.join(_HERE, "_cow.py")).install_from_env()
+        _cow().install_from_env()
     ensure_cloudpickle()
     # Takes the channel (not inherited by a task's children; /dev/null in a fork's).
     worker = loop.Worker(args["fd"], protocol, shm, exc_state, stdio_intact)
@@ -300,10 +300,21 @@ def _modules() -> tuple[ModuleType, ModuleType, ModuleType]:
     return loaded[0], loaded[1], loaded[2]
 
 
+def _cow() -> ModuleType:
+    """The copy-on-write guard's module (``_cow.py``), loaded by path once: a forked worker
+    has its template's (loading it was ~6 ms of a forked working_dir worker's start at load
+    11; installing it is each worker's own)."""
+    module = sys.modules.get("_jupyter_runtimeenv_cow")
+    if module is None:
+        module = _load_by_path("_jupyter_runtimeenv_cow", os.path.join(_HERE, "_cow.py"))
+    return module
+
+
 def zygote(args: dict[str, int]) -> None:
     """Be a template (``_zygote.serve``): import what every worker needs, then fork workers
     on request. Returns in a forked worker; the template exits inside."""
     _modules()
+    _cow()
     try:
         ensure_cloudpickle()
         import cloudpickle  # noqa: F401 (the point of a template: its forks have it)
