@@ -99,14 +99,23 @@ def test_a_failed_builds_log_opens_from_view_log_and_no_output_links_a_log_path(
     view.shot("01-failed-builds")
 
     # Each "View log" (ours: above the no-widget error, and in the widget) opens the log.
-    links = page.locator(".jp-Cell-outputArea").get_by_text("View log", exact=True)
-    expect(links).to_have_count(2, timeout=30_000)
-    for i in range(2):
-        links.nth(i).click()
+    # The notebook may detach cells out of view (windowing): each cell is scrolled to first.
+    for i, cell in enumerate([1, 2]):
+        page.evaluate(
+            "async i => { await window.jupyterapp.shell.currentWidget.content"
+            ".scrollToItem(i, 'center'); }",
+            cell,
+        )
+        link = page.locator(f'.jp-Cell[data-windowed-list-index="{cell}"]').get_by_text(
+            "View log", exact=True
+        )
+        link.click(timeout=30_000)
         logview = page.locator(".jp-RuntimeEnv-logView").last
         expect(logview).to_contain_text("no-such-", timeout=20_000)
         assert page.locator(".jp-Dialog").count() == 0, page.locator(".jp-Dialog").all_inner_texts()
         view.shot(f"02-log-tab-{i}")
         if app == "lab":
             page.locator(".lm-TabBar-tab", has_text="failing.ipynb").click()
+        else:  # the log is the page's right panel: closed, the notebook has its width back
+            page.evaluate("() => window.jupyterapp.shell.collapseRight()")
     assert not view.own_errors(), view.own_errors()
