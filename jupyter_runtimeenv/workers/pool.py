@@ -321,6 +321,10 @@ class Pool:
     def worker_hello(self, worker: WorkerProcess) -> list[str]:
         """The modules the new worker imports before it takes a call (learned imports)."""
         with self._lock:
+            if worker.held:
+                # It was sent its first call before its HELLO (the pool learned imports
+                # only after deciding so): it runs that call now, as a ready worker.
+                return []
             return self.habits.preload()
 
     def worker_ready(self, worker: WorkerProcess) -> None:

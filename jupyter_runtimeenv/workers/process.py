@@ -376,7 +376,7 @@ class WorkerProcess:
             channel.freed(payload)
         elif kind == protocol.DROP:
             channel.dropped(payload)
-        elif kind == protocol.IMPORTS and self.ready:
+        elif kind == protocol.IMPORTS and self._hello_seen:  # a call may precede READY
             modules = json.loads(payload)
             if isinstance(modules, list):
                 self.listener.imports_learned(self, [m for m in modules if isinstance(m, str)])

@@ -193,8 +193,11 @@ class Template:
         environ = hello.get("environ", {})
         self._added = {k: v for k, v in environ.items() if self.base.get(k) != v}
         self._removed = [k for k in self.base if k not in environ]
-        ours.settimeout(10.0)  # a fork takes milliseconds: longer, it is hung (SIGSTOP)
-        self.state = "ready"
+        with self._lock:
+            if self._sock is not ours:
+                return  # stop() ran meanwhile: it closed the socket and reaps the template
+            ours.settimeout(10.0)  # a fork takes milliseconds: longer, it is hung (SIGSTOP)
+            self.state = "ready"
         self.ready.set()
 
     def _stderr_tail(self) -> str:
