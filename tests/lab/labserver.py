@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,12 +173,14 @@ class Page:
         self.page.wait_for_timeout(800)
 
 
-def notebook(cells: list[str]) -> str:
-    """A notebook of code ``cells`` for the ``python3`` kernel, as JSON."""
+def notebook(cells: list[str], tags: Sequence[str] = ()) -> str:
+    """A notebook of code ``cells`` for the ``python3`` kernel, as JSON; each cell carries
+    ``tags`` (``raises-exception``: Run All goes on past its error)."""
+    metadata = {"tags": list(tags)} if tags else {}
     return json.dumps(
         {
             "cells": [
-                {"cell_type": "code", "metadata": {}, "source": c, "outputs": []}
+                {"cell_type": "code", "metadata": dict(metadata), "source": c, "outputs": []}
                 | {"execution_count": None}
                 for c in cells
             ],

@@ -12,12 +12,11 @@ whole log in a tab without any dialog.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from labserver import Lab, Page, needs_browser
+from labserver import Lab, Page, needs_browser, notebook
 
 from tests.wheelhouse import make_wheelhouse, offline_installers
 
@@ -34,29 +33,6 @@ CELLS = [
 ]
 
 
-def notebook_continuing_on_errors(cells: list[str]) -> str:
-    """Code cells tagged ``raises-exception``: Run All goes on past their errors."""
-    return json.dumps(
-        {
-            "cells": [
-                {
-                    "cell_type": "code",
-                    "metadata": {"tags": ["raises-exception"]},
-                    "source": c,
-                    "outputs": [],
-                    "execution_count": None,
-                }
-                for c in cells
-            ],
-            "metadata": {
-                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-            },
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        }
-    )
-
-
 @pytest.mark.parametrize("app", ["lab", "notebook7"])
 def test_a_failed_builds_log_opens_from_view_log_and_no_output_links_a_log_path(
     lab_factory: Callable[..., Lab],
@@ -69,7 +45,7 @@ def test_a_failed_builds_log_opens_from_view_log_and_no_output_links_a_log_path(
 
     offline_installers(monkeypatch, make_wheelhouse(tmp_path / "wheelhouse"))
     lab = lab_factory()
-    (lab.root / "failing.ipynb").write_text(notebook_continuing_on_errors(CELLS))
+    (lab.root / "failing.ipynb").write_text(notebook(CELLS, tags=["raises-exception"]))
     view = new_page(f"log-links-{app}")
     page = view.page
     if app == "lab":
