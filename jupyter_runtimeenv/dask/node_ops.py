@@ -169,8 +169,14 @@ async def node_states(tokens: list[str], dask_worker: Worker) -> dict[str, str]:
 
 
 async def node_snapshot(owner: str, tokens: list[str], dask_worker: Worker) -> dict[str, Any]:
-    """This node as the kernel's report shows it (``node_report.snapshot``)."""
-    return await node_report.snapshot(agent_of(dask_worker), owner, tokens)
+    """This node as the kernel's report shows it (``node_report.snapshot``). A node without
+    the node agent yet (nothing staged since the executor started: its plugin is registered
+    with the first env) is up and holds no env of this executor: it reports no envs, not an
+    error."""
+    node = getattr(dask_worker.plugins.get(PLUGIN_NAME), "node", None)
+    if not isinstance(node, NodeAgent):
+        return {"cache_bytes": 0, "envs": []}
+    return await node_report.snapshot(node, owner, tokens)
 
 
 async def node_gc(max_bytes: int | None, dask_worker: Worker) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import distributed
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -246,3 +247,24 @@ def test_the_summary_the_report_and_the_declared_env_name_one_id(
     report = on_cluster.cluster_report()
     ids = {env["driver_env_id"] for node in report["nodes"] for env in node["envs"]}
     assert env_id in ids, (env_id, report)
+
+
+def test_a_node_with_nothing_staged_yet_is_reported_up_with_no_envs(make_executor: Any) -> None:
+    # A cluster no executor has staged on yet: its workers have no node agent (the plugin is
+    # registered with the first env). The kernel's report, which the sidebar shows from
+    # the moment the executor is set, said such nodes were "unreachable" with a
+    # "plugin missing" error until the first build (the 2026-12-03 CI failure of
+    # tests/lab/test_sidebar_cluster.py). Its own in-process cluster: the module's has the
+    # plugin since its first test.
+    with (
+        distributed.LocalCluster(
+            n_workers=1, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=":0"
+        ) as fresh,
+        distributed.Client(fresh, set_as_default=False) as client,
+    ):
+        executor = make_executor(client)
+        [node] = executor.cluster_report()["nodes"]
+        assert node["state"] == "up", node
+        assert node["envs"] == []
+        assert "error" not in node
+        executor.shutdown()
