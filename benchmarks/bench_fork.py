@@ -12,8 +12,11 @@ wrapping the methods that mark them (time since the call was submitted, medians)
 - ``hello``: the worker's HELLO was read (the fork set itself up, the bootstrap ran);
 - ``result``: ``future.result()`` returned (call sent, run, answered, read, settled).
 
-The floor is ``benchmarks/_common.py``'s fork prototype where ``run.py`` measures it ("W6
-fork"); here, the load average is printed with the numbers (the machine is shared).
+Then run.py's rows of the same shape (``ours.py``), "W6 cold" (the phases' workload) and "W6
+at once" (``%runtime_env`` then the call in the same cell), alternating round by round, and
+right after them their floor "W6 fork" (the bare prototype: a template with cloudpickle
+imported forks, runs the function, answers); medians, with the load average (the machine is
+shared).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ours import Ours, fork_first_results
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
@@ -66,7 +71,38 @@ class Marks:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=10, help="rounds of the run.py rows")
     args = parser.parse_args()
+    phases(args.reps)
+    if args.rows:
+        rows(args.rows)
+
+
+def rows(rounds: int) -> None:
+    """run.py's W6 cold / W6 at once / W6 fork rows, round by round."""
+    times: dict[str, list[float]] = {"W6 cold": [], "W6 at once": [], "W6 fork": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = Ours(Path(tmp), Path(tmp), Path(tmp), {"start": 1})
+        with ours.agent() as client:
+            for i in range(rounds + 1):
+                env = {"env_vars": {"JRE_BENCH_RUN": uuid.uuid4().hex}}
+                cold = ours.late(client, env)
+                env = {"env_vars": {"JRE_BENCH_RUN": uuid.uuid4().hex}}
+                at_once = ours.early(client, env, pause=0)
+                if i:  # the first round starts the templates
+                    times["W6 cold"].append(cold)
+                    times["W6 at once"].append(at_once)
+        zygote.stop_all()
+        times["W6 fork"] = fork_first_results(rounds)
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f}; medians of {rounds} rounds")
+    for name, values in times.items():
+        low, high = min(values) * 1000, max(values) * 1000
+        median = statistics.median(values) * 1000
+        print(f"{name:10s} {median:7.2f} ms ({low:.2f}-{high:.2f})")
+
+
+def phases(reps: int) -> None:
     marks = Marks()
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
@@ -86,7 +122,7 @@ def main() -> None:
 
             process.WorkerProcess._notice = noticed  # type: ignore[method-assign]
             rows = []
-            for i in range(args.reps + 4):
+            for i in range(reps + 4):
                 executor = jre.LocalExecutor(
                     acquire=client.acquire_sync, release=client.release_sync
                 )

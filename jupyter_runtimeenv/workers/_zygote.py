@@ -18,6 +18,17 @@ driver's child, as a spawned one is: the driver reaps it and kills its group, th
 finds it under its kernel, ``PR_SET_PDEATHSIG`` watches the driver, and the template can stop
 while its workers run. The reply is the worker's pid.
 
+The template keeps one such child cloned ahead of the request (the *spare*): it has made its
+own session already (``setsid``: 0.03-11 ms at load 5 here, the new session's first
+scheduling, mostly waiting for a CPU) and waits on a socket of its own for a request, which
+the template hands on to it unread, then answers with the spare's pid. A new spare is cloned
+once the control socket has been quiet for ``SPARE_AFTER`` (not while the worker just handed
+out sets itself up); a request that finds none is forked at once, as before. The driver
+learns each spare's pid (``{"spare": pid}``, sent right after the clone), because a spare is
+its child: one never handed out exits when the template does (EOF on its socket), and the
+driver reaps it (``zygote.Template.stop``). A template SIGKILLed between a clone and that
+message leaves the driver a zombie until it exits.
+
 The child then becomes what ``Popen`` plus an interpreter start would have made: a session
 leader of its own group, its stdio on the pipes, the channel on fd ``C``, the request's
 environment (``os.environ``, so also what its children get), cwd, umask, limits, niceness and
@@ -55,6 +66,9 @@ _CLONE = {"x86_64": (56, 3), "aarch64": (220, 4)}
 #: The ``--zygote`` flag, replaced in a forked worker's command line (same length).
 ZYGOTE_FLAG = b"--zygote"
 FORKED_FLAG = b"--forked"
+
+#: How long the control socket stays quiet after a fork before the next spare is cloned.
+SPARE_AFTER = 0.01
 
 _pdeath_signal = 0
 _parent = 0
@@ -126,31 +140,119 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         if os.getppid() != parent:
             os._exit(0)
     _send(control, hello)
+    # The first spare, too, once the driver has been quiet for SPARE_AFTER: its pid goes out
+    # right after the clone (a spare the driver never hears of would be its zombie).
+    spare: tuple[int, socket.socket] | None = None
     if clone is None:
         _wait_for_eof(control, lifeline)
         os._exit(0)
     watched = [control] + ([lifeline] if lifeline is not None else [])
     while True:
-        readable, _, _ = select.select(watched, [], [])  # EINTR: retried (PEP 475)
+        # EINTR: retried (PEP 475). Quiet for SPARE_AFTER without a spare: clone one.
+        timeout = None if spare is not None else SPARE_AFTER
+        readable, _, _ = select.select(watched, [], [], timeout)
+        if not readable:
+            made = _clone_spare(clone)
+            if made[0] == 0:
+                return _be_spare(made[1], control)  # in the spare, once it is a worker
+            if made[0] > 0:
+                spare = made
+                _send(control, {"spare": made[0]})
+            else:  # cannot clone now: try again after the next request
+                select.select(watched, [], [])
+            continue
         if lifeline in readable and not os.read(lifeline, 64):
-            os._exit(0)  # the driver is gone
+            os._exit(0)  # the driver is gone (our spare sees EOF and goes too)
         if control not in readable:
             continue
         received = _receive(control)
         if received is None:
             os._exit(0)  # the driver stopped us (idle) or is gone
-        request, fds = received
+        body, fds = received
+        request: dict[str, Any] = {}
         try:
-            pid = _fork(clone, request, fds, control)
-        except OSError as exc:
+            if spare is not None and _hand_over(spare, body, fds):
+                pid = spare[0]
+            else:
+                if spare is not None:  # dead, or not reading: never hand it work again
+                    _kill(spare[0])
+                request = json.loads(body)
+                pid = _fork(clone, request, fds, control)
+        except (OSError, ValueError) as exc:
             _send(control, {"error": str(exc)})
             continue
         finally:
+            spare = None
             for fd in fds:
                 os.close(fd)
         if pid == 0:
             return request  # in the child, which is now the worker
         _send(control, {"pid": pid})
+
+
+def _clone_spare(clone: _Clone) -> tuple[int, socket.socket]:
+    """Clone a spare: ``(pid, our end of its socket)`` in the template, ``(0, its end)`` in
+    the spare, ``(-1, ...)`` if it could not be cloned (requests are then forked at once)."""
+    ours, theirs = socket.socketpair()
+    try:
+        pid = _clone_checked(clone)
+    except OSError:
+        ours.close()
+        theirs.close()
+        return -1, ours
+    if pid == 0:
+        ours.close()
+        return 0, theirs
+    theirs.close()
+    return pid, ours
+
+
+def _be_spare(sock: socket.socket, control: socket.socket) -> dict[str, Any]:
+    """In a spare: make our session now, then wait for the request the template hands on
+    and become that worker (``_become_worker``); exit at EOF (the template stopped)."""
+    try:
+        os.setsid()
+        # The template's control socket is not ours to hold (the driver must see EOF when
+        # the template exits): its number is kept for the channel (our argv names it).
+        os.dup2(sock.fileno(), control.fileno())
+        received = _receive(sock)
+        if received is None:
+            os._exit(0)
+        body, fds = received
+        sock.close()
+        request: dict[str, Any] = json.loads(body)
+        try:
+            _become_worker(request, fds, control, new_session=False)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    except BaseException as exc:  # nothing half-made may run tasks: tell, and go
+        try:
+            os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
+        finally:
+            os._exit(2)
+    return request
+
+
+def _hand_over(spare: tuple[int, socket.socket], body: bytes, fds: list[int]) -> bool:
+    """Pass a request, unread, to the spare; False if it cannot take it (it died)."""
+    sock = spare[1]
+    try:
+        socket.send_fds(sock, [_HEADER.pack(len(body)) + body], fds)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def _kill(pid: int) -> None:
+    # Our sibling, the driver's child: the driver has not reaped it (it reaps a spare only
+    # once we said another replaced it, or after we exit), so the pid is still this one.
+    try:  # noqa: SIM105 - as few imports as possible in what forks
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _on_pdeath(signum: int, frame: object) -> None:
@@ -173,8 +275,8 @@ def _send(control: socket.socket, message: dict[str, Any]) -> None:
     control.sendall(_HEADER.pack(len(data)) + data)
 
 
-def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    """One request and its descriptors; None at EOF."""
+def _receive(control: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One request (its JSON, unread) and its descriptors; None at EOF."""
     data, fds, _flags, _addr = socket.recv_fds(control, _HEADER.size, 8)
     if not data:
         for fd in fds:
@@ -194,20 +296,16 @@ def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
         if not more:
             return None
         body += more
-    return json.loads(body), list(fds)
+    return bytes(body), list(fds)
 
 
 def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socket.socket) -> int:
     if len(fds) != 3:
         raise OSError(f"expected 3 descriptors, got {len(fds)}")
-    import _thread
-
-    if _thread._count():
-        raise OSError("the template has a thread: it cannot fork safely")
-    pid = clone()
+    pid = _clone_checked(clone)
     if pid == 0:
         try:
-            _become_worker(request, fds, control)
+            _become_worker(request, fds, control, new_session=True)
         except BaseException as exc:  # nothing half-made may run tasks: tell, and go
             try:
                 os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
@@ -216,11 +314,24 @@ def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socke
     return pid
 
 
-def _become_worker(request: dict[str, Any], fds: list[int], control: socket.socket) -> None:
+def _clone_checked(clone: _Clone) -> int:
+    import _thread
+
+    if _thread._count():
+        raise OSError("the template has a thread: it cannot fork safely")
+    return clone()
+
+
+def _become_worker(
+    request: dict[str, Any], fds: list[int], control: socket.socket, *, new_session: bool
+) -> None:
     """In the child: what ``Popen(start_new_session=True, env=, cwd=, pass_fds=)`` and a new
-    interpreter would have given it."""
+    interpreter would have given it (a spare made its session already)."""
+    if len(fds) != 3:
+        raise OSError(f"expected 3 descriptors, got {len(fds)}")
     channel, out, err = fds
-    os.setsid()
+    if new_session:
+        os.setsid()
     if _pdeath_signal:  # the watchdog of _entry arms its own (a worker's is sigwait-based)
         signal.signal(_pdeath_signal, signal.SIG_DFL)
     os.dup2(out, 1)

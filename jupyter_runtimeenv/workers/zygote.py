@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import struct
 import subprocess
@@ -58,6 +59,8 @@ READY_WAIT = 0.1
 #: How long a template may take to say HELLO (an interpreter start and cloudpickle).
 STARTUP_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 60.0
+#: How long a stopping template's spare may take to see EOF and exit before it is killed.
+SPARE_REAP_WAIT = 5.0
 _HEADER = struct.Struct("!I")
 _START_NAMES = frozenset(("LANG", "HOME", "GLIBC_TUNABLES"))
 _START_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_")
@@ -138,6 +141,11 @@ class Template:
         #: started (PEP 538's locale coercion): a spawned worker's would change the same.
         self._added: dict[str, str] = {}
         self._removed: list[str] = []
+        #: The template's spare (a worker cloned ahead of its request, ``_zygote.py``): our
+        #: child, reaped here unless it is handed out. Under ``_lock``.
+        self._spare = 0
+        #: Spares the template replaced without handing them out (they died): to reap.
+        self._dead: list[int] = []
 
     def __repr__(self) -> str:
         return f"<Template {self.python} pid={self.pid} {self.state}>"
@@ -173,20 +181,26 @@ class Template:
         finally:
             theirs.close()
         self.pid = self._proc.pid
-        self._sock = ours
+        with self._lock:
+            stopped = self.state == "stopped"  # stop() ran before we launched it
+            if not stopped:
+                self._sock = ours
+        if stopped:
+            with contextlib.suppress(OSError):
+                ours.shutdown(socket.SHUT_WR)  # as stop() would have: it goes after HELLO
         ours.settimeout(STARTUP_TIMEOUT)
         try:
             hello = _receive(ours)
         except (OSError, ValueError) as exc:
             self._fail(f"no HELLO from template pid {self.pid}: {exc}{self._stderr_tail()}")
-            self.stop()
+            self._give_up(ours)
             return
         finally:
             if self._proc.stdout is not None:
                 self._proc.stdout.close()  # it never writes there
         if hello.get("error"):
             self._fail(str(hello["error"]))  # its workers are spawned
-            self.stop()
+            self._give_up(ours)
             return
         if self._proc.stderr is not None:
             self._proc.stderr.close()
@@ -194,11 +208,37 @@ class Template:
         self._added = {k: v for k, v in environ.items() if self.base.get(k) != v}
         self._removed = [k for k in self.base if k not in environ]
         with self._lock:
-            if self._sock is not ours:
-                return  # stop() ran meanwhile: it closed the socket and reaps the template
-            ours.settimeout(10.0)  # a fork takes milliseconds: longer, it is hung (SIGSTOP)
-            self.state = "ready"
+            ready = self._sock is ours and self.state == "starting"
+            if ready:
+                ours.settimeout(10.0)  # a fork takes milliseconds: longer, it is hung (SIGSTOP)
+                self.state = "ready"
+        if not ready:
+            self._give_up(ours)  # stop() ran meanwhile
+            return
         self.ready.set()
+
+    def _give_up(self, ours: socket.socket) -> None:
+        """``start`` ends short of ready: stop the template, or, if ``stop`` ran meanwhile
+        (it only shut our socket for writing: ``start`` reads it), read what the template
+        said of spares until its EOF, close, and reap them."""
+        with self._lock:
+            mine = self._sock is ours
+        if mine:
+            self.stop()
+            return
+        self._drain(ours)
+        ours.close()
+        self._reap_spares(SPARE_REAP_WAIT)
+
+    def _drain(self, sock: socket.socket) -> None:
+        """EOF to the template (it exits), and what it said of spares until its own EOF."""
+        with contextlib.suppress(OSError, ValueError):
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(2.0)
+            while True:
+                message = _receive(sock)  # OSError at its EOF
+                with self._lock:
+                    self._note(message)
 
     def _stderr_tail(self) -> str:
         stream = self._proc.stderr if self._proc is not None else None
@@ -237,7 +277,9 @@ class Template:
                 try:
                     socket.send_fds(sock, [_HEADER.pack(len(request))], [channel, out_w, err_w])
                     sock.sendall(request)
-                    reply = _receive(sock)
+                    while "spare" in (reply := _receive(sock)):  # a spare made since
+                        self._note(reply)
+                    self._note(reply)
                 except (OSError, ValueError) as exc:
                     self.state = "stopped"  # it died, or broke the protocol: a new one later
                     raise OSError(f"template pid {self.pid}: {exc}") from exc
@@ -248,6 +290,7 @@ class Template:
         finally:
             os.close(out_w)
             os.close(err_w)
+        self._reap_spares(0.0)
         if "pid" not in reply:
             os.close(out_r)
             os.close(err_r)
@@ -255,13 +298,49 @@ class Template:
         self.forks += 1
         return ForkedChild(int(reply["pid"]), out_r, err_r)
 
-    def stop(self) -> None:
-        """Close its control socket (it exits at EOF) and reap it."""
+    def _note(self, message: dict[str, Any]) -> None:
+        """Under ``_lock``: what a message of the template says of its spare. Any answer to
+        a request used the spare up: handed out (the answer's pid: a worker now) or not (it
+        died, or the template killed it: ours to reap); a new spare replaces none."""
+        if "spare" in message:
+            gone, self._spare = self._spare, int(message["spare"])
+        elif "pid" in message or "error" in message:
+            gone, self._spare = self._spare, 0
+            if gone == message.get("pid"):
+                gone = 0
+        else:
+            return
+        if gone:
+            self._dead.append(gone)
+
+    def _reap_spares(self, wait: float) -> None:
+        """Reap the dead spares (and, once the template is gone, its last one): at once, or
+        waiting up to ``wait`` seconds each, then SIGKILLed (never reaped yet: the pid is
+        still that spare's)."""
         with self._lock:
+            if self._sock is None and self._spare:
+                self._dead.append(self._spare)
+                self._spare = 0
+            pids, self._dead = self._dead, []
+        left = [pid for pid in pids if not _reap(pid, wait)]
+        if left:
+            with self._lock:
+                self._dead.extend(left)
+
+    def stop(self) -> None:
+        """Close its control socket (it exits at EOF) and reap it, and its spare."""
+        with self._lock:
+            was = self.state
             if self.state in ("starting", "ready"):
                 self.state = "stopped"
             sock, self._sock = self._sock, None
-        if sock is not None:
+        if sock is not None and was == "starting":
+            # start() reads it (a HELLO may come): EOF to the template, which exits after
+            # its HELLO; start() then reads the rest, closes it and reaps the spares.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+        elif sock is not None:
+            self._drain(sock)
             sock.close()
         self.ready.set()
         proc = self._proc
@@ -271,6 +350,29 @@ class Template:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._reap_spares(SPARE_REAP_WAIT)
+
+
+def _reap(pid: int, wait: float) -> bool:
+    """Reap our child ``pid``, waiting up to ``wait`` seconds, then SIGKILL it; whether it
+    is reaped (or was, by someone else: ``os.wait()`` in user code)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            if wait <= 0:
+                return False
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return True
+        time.sleep(0.005)
 
 
 def _receive(sock: socket.socket) -> dict[str, Any]:
@@ -384,6 +486,8 @@ def _template(
     with _lock:
         template = _templates.get(key)
         if template is None or template.state == "stopped":
+            if template is not None:  # found dead by a fork: reap it and its spare
+                threading.Thread(target=template.stop, daemon=True).start()
             template = Template(identity[0], base, entry)
             template.idle_timeout = idle_timeout  # the first pool's; the largest later
             _templates[key] = template

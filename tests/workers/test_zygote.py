@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import submit
-from processes import of, survivors
+from processes import cmdline, of, survivors
 
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
@@ -261,3 +262,65 @@ def test_a_dead_template_is_replaced_and_never_hangs_a_worker(
     fresh = template_ready(ctx, pools)
     assert fresh.pid != template.pid
     assert run_snapshot(ctx, pools, spawn=False)["forked"]
+
+
+def spare_of(template: zygote.Template) -> int:
+    """The pid of the template's spare (a worker forked ahead of its request) once it has
+    made one: our child, template-shaped, not the template."""
+    deadline = time.monotonic() + 60
+    while not (spares := spares_among_children(template)):
+        assert time.monotonic() < deadline, "the template made no spare"
+        time.sleep(0.02)
+    assert len(spares) == 1, f"more than one spare: {spares}"
+    return spares[0]
+
+
+def spares_among_children(template: zygote.Template) -> list[int]:
+    """Our children that are template-shaped but not ``template``: its spares."""
+    return [
+        child.pid
+        for child in psutil.Process().children()
+        if child.pid != template.pid and cmdline(child)[-1:] == ["--zygote"]
+    ]
+
+
+def reaped(pid: int) -> bool:
+    """Whether our child ``pid`` is gone and reaped (neither running nor a zombie)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_the_templates_spare_becomes_the_next_worker_and_a_stopped_one_is_reaped(
+    ctx: EnvContext, pools: Callable[..., Pool]
+) -> None:
+    template = template_ready(ctx, pools)
+    spare = spare_of(template)
+    assert cmdline(spare)[-1:] == ["--zygote"]  # not a worker until it is handed one
+    assert os.getsid(spare) == spare  # its session made ahead
+    assert submit(pools(ctx), os.getpid).result(120) == spare
+    # It was handed out (a worker now, ours to reap as any): the template makes another,
+    # our child too (the driver hears of it with the template's next answer, or as it stops).
+    following = spare_of(template)
+    assert following != spare
+    zygote.stop_all()
+    deadline = time.monotonic() + 30
+    while not reaped(following):  # it sees its template's EOF, exits, and is reaped
+        assert time.monotonic() < deadline, f"spare {following} is not reaped"
+        time.sleep(0.02)
+
+
+def test_a_dead_spare_is_reaped_and_the_worker_forked_at_once(
+    ctx: EnvContext, pools: Callable[..., Pool]
+) -> None:
+    template = template_ready(ctx, pools)
+    spare = spare_of(template)
+    process = of(spare)
+    os.kill(spare, signal.SIGKILL)
+    assert survivors([process], 30) == []  # dead; a zombie until the driver reaps it
+    worker = run_snapshot(ctx, pools, spawn=False)
+    assert worker["forked"], "the worker was not forked when the spare was dead"
+    assert same_but_spawned(worker) == same_but_spawned(run_snapshot(ctx, pools, spawn=True))
+    assert reaped(spare), "the dead spare was left a zombie"
