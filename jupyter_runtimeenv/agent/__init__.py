@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING
 from .._lazy import exports
 
 if TYPE_CHECKING:
-    from .agent import DEFAULT_MAX_CACHE_BYTES, RuntimeEnvAgent
+    from .agent import RuntimeEnvAgent
     from .cache import CACHE_ENV_VAR, Cache, default_cache_dir
+    from .core import DEFAULT_MAX_CACHE_BYTES
     from .events import Event
     from .state import EnvState
 
 _EXPORTS = {
     "CACHE_ENV_VAR": "cache",
-    "DEFAULT_MAX_CACHE_BYTES": "agent",
+    "DEFAULT_MAX_CACHE_BYTES": "core",
     "Cache": "cache",
     "EnvState": "state",
     "Event": "events",

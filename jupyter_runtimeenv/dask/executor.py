@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
 from ..agent.cache import default_cache_dir
+from ..agent.core import DEFAULT_MAX_CACHE_BYTES
 from ..errors import BrokenWorker, RuntimeEnvError, WorkerError
 from ..spec import RuntimeEnvSpec
 from ..workers import files

@@ -39,7 +39,7 @@ from jupyter_server.serverapp import ServerApp
 from traitlets import Float, Int, List, Unicode
 
 from ..agent import RuntimeEnvAgent
-from ..agent.agent import DEFAULT_MAX_CACHE_BYTES
+from ..agent.core import DEFAULT_MAX_CACHE_BYTES
 from ..agent.events import Event
 from ..agent.parsing import DEFAULT_MAX_PARSES, DEFAULT_PARSE_TIMEOUT
 from ..agent.pgroups import LIVE
