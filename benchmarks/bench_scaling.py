@@ -23,7 +23,11 @@ cost at the largest ``n`` at most 1.5x the smallest.
 - ``kernels`` (1, 4, 16): real ipykernels of one server, all at once: ``%load_ext``,
   ``%runtime_env --env-var K=i`` (a new env each) and a remote call, while this process
   asks the server's status back to back: the p99 of those requests and the server's RSS
-  growth per kernel.
+  growth per kernel. Its floor, in the same run right after: the same kernels running the
+  same cell with no server in their path (each its own embedded agent: no build, report or
+  command poll reaches the server) while the server is asked the same
+  (``floor_p50_s``/``floor_p99_s``): what the machine's load alone does to the server's
+  answers.
 
 ``--quick`` leaves out each curve's largest size (fewer than three points then).
 """
@@ -303,16 +307,23 @@ assert _jre.remote(lambda: 1).remote().result(600) == 1
 """
 
 
-def _kernel_work(url: str, token: str, i: int, errors: list[str], ready: threading.Barrier) -> None:
+def _kernel_work(
+    url: str, token: str, i: int, errors: list[str], ready: threading.Barrier, cache: Path | None
+) -> None:
+    """One kernel: start, wait for the others, run ``KERNEL_CODE``. ``cache``: run it with
+    an embedded agent on that cache instead of the server's (the floor)."""
     from jupyter_client.manager import start_new_kernel
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_RUNTIMEENV_")}
-    env.update(
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-        JUPYTER_RUNTIMEENV_URL=url,
-        JUPYTER_RUNTIMEENV_TOKEN=token,
-        JUPYTER_RUNTIMEENV_KERNEL_ID=str(uuid.uuid4()),
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    if cache is None:
+        env.update(
+            JUPYTER_RUNTIMEENV_URL=url,
+            JUPYTER_RUNTIMEENV_TOKEN=token,
+            JUPYTER_RUNTIMEENV_KERNEL_ID=str(uuid.uuid4()),
+        )
+    else:
+        env["JUPYTER_RUNTIMEENV_CACHE"] = str(cache)
     manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=600)
     try:
         ready.wait(900)  # every kernel up: they declare and submit at once
@@ -330,6 +341,35 @@ def _kernel_work(url: str, token: str, i: int, errors: list[str], ready: threadi
         manager.shutdown_kernel(now=True)
 
 
+def _kernels_round(
+    n: int, server: subprocess.Popen[bytes], port: int, token: str, cache: Path | None
+) -> tuple[list[float], float]:
+    """``n`` kernels run ``KERNEL_CODE`` at once (through the server, or with ``cache``
+    embedded) while the server's status is asked back to back: the latencies, peak RSS."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    url = f"http://127.0.0.1:{port}{API}/"
+    errors: list[str] = []
+    ready = threading.Barrier(n + 1)
+    threads = [
+        threading.Thread(target=_kernel_work, args=(url, token, i, errors, ready, cache))
+        for i in range(n)
+    ]
+    for thread in threads:
+        thread.start()
+    ready.wait(900)
+    latencies: list[float] = []
+    peak = rss_mb([server.pid])
+    while any(thread.is_alive() for thread in threads):
+        latencies += _latencies(conn, f"{API}/status", token, 5)
+        peak = max(peak, rss_mb([server.pid]))
+    for thread in threads:
+        thread.join()
+    conn.close()
+    if errors:
+        raise SystemExit("; ".join(errors))
+    return latencies, peak
+
+
 def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
     rows = []
     for n in sizes:
@@ -340,27 +380,10 @@ def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             wait_until_up(server, conn, f"{API}/status", token)
-            idle = rss_mb([server.pid])
-            url = f"http://127.0.0.1:{port}{API}/"
-            errors: list[str] = []
-            ready = threading.Barrier(n + 1)
-            threads = [
-                threading.Thread(target=_kernel_work, args=(url, token, i, errors, ready))
-                for i in range(n)
-            ]
-            for thread in threads:
-                thread.start()
-            ready.wait(900)
-            latencies: list[float] = []
-            peak = idle
-            while any(thread.is_alive() for thread in threads):
-                latencies += _latencies(conn, f"{API}/status", token, 5)
-                peak = max(peak, rss_mb([server.pid]))
-            for thread in threads:
-                thread.join()
             conn.close()
-            if errors:
-                raise SystemExit("; ".join(errors))
+            idle = rss_mb([server.pid])
+            latencies, peak = _kernels_round(n, server, port, token, None)
+            floor, _ = _kernels_round(n, server, port, token, root / "embedded")
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
@@ -373,12 +396,16 @@ def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
                 "requests": len(latencies),
                 "per_request_p50_s": statistics.median(latencies),
                 "per_request_p99_s": _p(latencies, 0.99),
+                "floor_p50_s": statistics.median(floor),
+                "floor_p99_s": _p(floor, 0.99),
                 "agent_rss_mb": peak,
                 "per_kernel_rss_mb": (peak - idle) / n,
             }
         )
         progress(
-            f"scaling kernels {n}: server p99 {_p(latencies, 0.99) * 1000:.1f} ms, "
+            f"scaling kernels {n}: server p50/p99 {statistics.median(latencies) * 1000:.1f}/"
+            f"{_p(latencies, 0.99) * 1000:.1f} ms (floor, the kernels without the server: "
+            f"{statistics.median(floor) * 1000:.1f}/{_p(floor, 0.99) * 1000:.1f} ms), "
             f"RSS +{peak - idle:.1f} MB"
         )
         shutil.rmtree(root, ignore_errors=True)

@@ -184,8 +184,10 @@ class RuntimeEnvHandler(APIHandler):
         self.finish(dumps_strict({"type": kind, "message": message, **extra}))
 
     async def reply(self, data: Any) -> None:
-        """Finish with ``data`` as strict JSON; encoded in a thread when it may be large."""
-        big = isinstance(data, dict) and ("spec" in data or "envs" in data)
+        """Finish with ``data`` as strict JSON; encoded in a thread when it may be large (a
+        spec, a list of envs: not ``GET status``'s counts, whose hop to a thread and back
+        was most of its time on the loop with 16 busy kernels, ``bench_scaling.py``)."""
+        big = isinstance(data, dict) and ("spec" in data or isinstance(data.get("envs"), list))
         text = await asyncio.to_thread(dumps_strict, data) if big else dumps_strict(data)
         self.finish(text)
 
