@@ -98,7 +98,7 @@ class AgentCore:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.events.close()
-        self._detach_store()
+        await asyncio.to_thread(self._detach_store)  # removes spare trees: blocking
         if self._cache is not None:
             cache, self._cache = self._cache, None
             await asyncio.to_thread(cache.drop_refs_of_pid, os.getpid())

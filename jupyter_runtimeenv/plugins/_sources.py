@@ -25,7 +25,8 @@ from ..spec.ray import gcs_uri_reason
 from . import _downloads, _remote
 from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
-from ._store import blob_dir, default_store, materialize
+from ._spares import lay_out
+from ._store import blob_dir, default_store
 from ._unpack import check_zip, flatten_single_dir, safe_unzip
 from ._untar import TAR_SUFFIXES, is_tar, safe_untar
 from ._uv import installer_env, uv_bin
@@ -304,7 +305,9 @@ async def create(
         )
         if f"tree:{tree.digest}" != expected:
             raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
-    stored = await build.to_thread(materialize, tree, build.cache_root, target)
+    # The family a spare is kept for: this source, as this field lays it out.
+    family = f"{int(keep_name)}:{location}"
+    stored = await build.to_thread(lay_out, tree, build.cache_root, target, family)
     build.log(
         f"{location}: {len(tree.entries)} files, {_mb(tree.size)};"
         f" {_mb(stored)} new content stored, the rest linked"

@@ -16,12 +16,13 @@ its content changed (``_blobs.verify``), so one environment's edit never reaches
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import BuildError
@@ -34,9 +35,13 @@ __all__ = [
     "attach",
     "blob_dir",
     "blob_path",
+    "by_dir",
     "default_store",
+    "detach_hooks",
     "ensure_stored",
     "materialize",
+    "open_dir",
+    "place",
     "prepare",
 ]
 
@@ -62,12 +67,17 @@ def prepare(cache_root: Path) -> None:
 
 
 _attached: list[str] = []
+#: Called with a store's blob directory when its agent detaches it (``_spares.drop``
+#: registers itself: it builds on this module).
+detach_hooks: list[Callable[[str], None]] = []
 _attached_lock = threading.Lock()
 
 
 def attach(cache_root: Path) -> Callable[[], None]:
     """Make ``cache_root``'s store the one specs parsed in this process store into; returns
-    the function that undoes it. Called by the agent on start (the undo on stop)."""
+    the function that undoes it, which also runs ``detach_hooks`` (``_spares`` removes its
+    spare trees of that store: it blocks, call it in a thread). Called by the agent on
+    start (the undo on stop)."""
     store = str(blob_dir(cache_root))
     with _attached_lock:
         _attached.append(store)
@@ -76,6 +86,8 @@ def attach(cache_root: Path) -> Callable[[], None]:
         with _attached_lock:
             if store in _attached:
                 _attached.remove(store)
+        for hook in list(detach_hooks):
+            hook(store)
 
     return detach
 
@@ -112,47 +124,60 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     # with names relative to them: a thousand links and stats each resolving two deep
     # paths spent a third of their time walking them again.
     os.makedirs(target, exist_ok=True)
-    by_dir: dict[str, list[FileEntry]] = {}
-    for entry in tree.entries:
-        by_dir.setdefault(os.path.dirname(entry.rel), []).append(entry)
-    valid = _blobs.valid
     os.makedirs(store, exist_ok=True)
-    store_fd = os.open(store, _DIR_FLAGS)
+    with open_dir(store) as store_fd, open_dir(str(target)) as root_fd:
+        for rel_dir in tree.dirs:  # parents first, each once
+            os.mkdir(rel_dir, dir_fd=root_fd)
+        for rel_dir, entries in by_dir(tree.entries).items():
+            with open_dir(rel_dir, root_fd) as dir_fd:
+                for entry in entries:
+                    stored += place(entry, store, store_fd, dir_fd, target)
+    return stored
+
+
+def by_dir(entries: Iterable[FileEntry]) -> dict[str, list[FileEntry]]:
+    """``entries`` grouped by the directory (relative) that holds them."""
+    grouped: dict[str, list[FileEntry]] = {}
+    for entry in entries:
+        grouped.setdefault(os.path.dirname(entry.rel), []).append(entry)
+    return grouped
+
+
+@contextlib.contextmanager
+def open_dir(path: str, at: int | None = None) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (relative to ``at``); ``at`` itself for ""."""
+    if at is not None and not path:
+        yield at
+        return
+    fd = os.open(path, _DIR_FLAGS, dir_fd=at)
     try:
-        root_fd = os.open(target, _DIR_FLAGS)
-        try:
-            for rel_dir in tree.dirs:  # parents first, each once
-                os.mkdir(rel_dir, dir_fd=root_fd)
-            for rel_dir, entries in by_dir.items():
-                dir_fd = os.open(rel_dir, _DIR_FLAGS, dir_fd=root_fd) if rel_dir else root_fd
-                try:
-                    for entry in entries:
-                        name = entry.blob_name
-                        blob = f"{name[:2]}/{name}"
-                        try:
-                            ok = valid(os.lstat(blob, dir_fd=store_fd), entry.size, entry.mode)
-                        except FileNotFoundError:
-                            ok = False
-                        if not ok and not _blobs.verify(
-                            store, name, entry.sha256, entry.size, entry.mode
-                        ):
-                            _store(entry, store)
-                            stored += entry.size
-                        base = os.path.basename(entry.rel)
-                        try:
-                            os.link(blob, base, src_dir_fd=store_fd, dst_dir_fd=dir_fd)
-                        except OSError as exc:
-                            if exc.errno not in _NO_LINK:
-                                raise
-                            # Another file system, or too many links: a copy.
-                            shutil.copy2(_blobs.path_in(store, name), target / entry.rel)
-                finally:
-                    if dir_fd != root_fd:
-                        os.close(dir_fd)
-        finally:
-            os.close(root_fd)
+        yield fd
     finally:
-        os.close(store_fd)
+        os.close(fd)
+
+
+def place(entry: FileEntry, store: str, store_fd: int, dir_fd: int, target: Path) -> int:
+    """Link ``entry``'s blob as its name in the directory ``dir_fd`` (of the tree laid out
+    at ``target``), storing its content first if the store lacks it or holds it touched;
+    returns the bytes newly stored."""
+    name = entry.blob_name
+    blob = f"{name[:2]}/{name}"
+    stored = 0
+    try:
+        ok = _blobs.valid(os.lstat(blob, dir_fd=store_fd), entry.size, entry.mode)
+    except FileNotFoundError:
+        ok = False
+    if not ok and not _blobs.verify(store, name, entry.sha256, entry.size, entry.mode):
+        _store(entry, store)
+        stored = entry.size
+    base = os.path.basename(entry.rel)
+    try:
+        os.link(blob, base, src_dir_fd=store_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        # Another file system, or too many links: a copy.
+        shutil.copy2(_blobs.path_in(store, name), target / entry.rel)
     return stored
 
 

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
-from jupyter_runtimeenv.plugins import _sources
+from jupyter_runtimeenv.plugins import _sources, _spares
 from jupyter_runtimeenv.workers import _cow, _entry
 
 ORIGINAL = "original content\n"
@@ -191,3 +192,42 @@ except sqlite3.DatabaseError:
 
 def test_the_guard_variable_is_one_name() -> None:
     assert _sources.TREES_VAR == _cow.TREES_VAR == _entry.TREES_VAR
+
+
+def make_and_remove(name: str, gone: str) -> str:
+    with open(name, "w") as f:
+        f.write("a task's own file")
+    os.remove(gone)
+    return os.getcwd()
+
+
+def wait_for_a_spare(family: str) -> None:
+    deadline = time.monotonic() + 60
+    while not any(f == family and ready for _s, f, ready in _spares.spares()):
+        assert time.monotonic() < deadline, "no spare tree was laid out"
+        time.sleep(0.02)
+
+
+def test_a_tree_laid_out_from_a_spare_has_nothing_of_another_env(
+    client: EmbeddedClient, src: Path, tmp_path: Path
+) -> None:
+    """From its second build on, an edited source's next tree is made from a spare copy
+    (``plugins/_spares.py``) that shares its files' inodes with the blobs, and so with every
+    env that links them. A task of such an env writes in place past the guard, makes a
+    file and removes one; the next env, laid out from the spare, has the source's content
+    and names only."""
+    family = f"0:{src}"
+    assert call(read, env(src, "one"), "b.txt") == "b\n"
+    (src / "b.txt").write_text("b two\n")
+    cwd = call(os.getcwd, env(src, "two"))  # the second build: a spare of it is laid out
+    wait_for_a_spare(family)
+    call(rewrite_from_a_subprocess, env(src, "two"), "data/a.txt")
+    assert Path(cwd, "data", "a.txt").read_text().startswith("EVIL")  # the shared inode
+    call(make_and_remove, env(src, "two"), "new.txt", "b.txt")
+    (src / "b.txt").write_text("b three\n")
+    three = call(os.getcwd, env(src, "three"))  # from the spare
+    assert call(read, env(src, "three"), "data/a.txt") == ORIGINAL
+    assert sorted(p.name for p in Path(three).iterdir()) == ["b.txt", "data"]
+    assert Path(three, "b.txt").read_text() == "b three\n"
+    assert Path(cwd, "new.txt").exists()  # what the task did stayed in its own env
+    assert not Path(cwd, "b.txt").exists()

@@ -1,0 +1,208 @@
+"""Spare trees (``plugins/_spares.py``): the next version of an edited tree is laid out as
+the difference from a spare copy of the last, and is exactly the tree a whole lay-out makes.
+
+Real parts: real files, the real content store, the real background thread.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_runtimeenv.plugins import _hashing, _spares, _store
+from jupyter_runtimeenv.plugins._hashing import Tree
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "cache"
+    (root / "tmp").mkdir(parents=True)
+    yield root
+    _spares.drop(str(_store.blob_dir(root)))
+    assert list((root / "tmp").iterdir()) == []  # no spare left behind
+
+
+def write(root: Path, files: dict[str, str | None]) -> None:
+    """Write (str) or remove (None) each file; an empty directory left is removed."""
+    for rel, text in files.items():
+        path = root / rel
+        if text is None:
+            path.unlink()
+            parent = path.parent
+            while parent != root and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+
+def shape(root: Path) -> dict[str, tuple[str, int, int]]:
+    """Each file's content, mode and inode; each directory as ('dir', mode, 0)."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs:
+            path = Path(dirpath, name)
+            out[str(path.relative_to(root))] = ("dir", stat.S_IMODE(path.lstat().st_mode), 0)
+        for name in files:
+            path = Path(dirpath, name)
+            st = path.lstat()
+            out[str(path.relative_to(root))] = (path.read_text(), stat.S_IMODE(st.st_mode), 0)
+    return out
+
+
+def wait_ready(family: str, count: int = 1) -> None:
+    """Wait (bounded) until ``count`` spares of ``family`` are laid out."""
+    deadline = time.monotonic() + 30
+    while sum(f == family and ready for _s, f, ready in _spares.spares()) < count:
+        assert time.monotonic() < deadline, "the spare was never laid out"
+        time.sleep(0.01)
+
+
+def hashed(src: Path, cache: Path) -> Tree:
+    return _hashing.hash_tree(src, store=_store.blob_dir(cache))
+
+
+def counting_links(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Observe the links this thread makes (the store's ``place`` links each file it lays
+    out; the spares' thread, laying out the next spare meanwhile, is not counted)."""
+    made: list[str] = []
+    real: Callable[..., None] = os.link
+    me = threading.get_ident()
+
+    def link(src: str, dst: str, *args: object, **kwargs: object) -> None:
+        if threading.get_ident() == me:
+            made.append(dst)
+        real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    return made
+
+
+def test_each_version_is_the_tree_a_whole_lay_out_makes(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    write(src, {f"pkg/m{i}.py": f"# {i}\n" for i in range(20)})
+    write(src, {"top.txt": "top", "data/deep/x.csv": "1,2", "gone/a.txt": "a", "f": "file"})
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    versions = [
+        {},  # the first lay-out of the source: no spare is made yet
+        {"pkg/m1.py": "# changed\n"},  # the second: whole, and a spare of it is made
+        {  # the third, from the spare: every kind of difference
+            "pkg/m2.py": "# changed too\n",
+            "gone/a.txt": None,  # a file and its directory go
+            "f": None,  # a file becomes a directory
+            "f/inside.txt": "in",
+            "data/deep/x.csv": None,
+            "data/deep": "a directory became a file",
+            "new/dir/n.txt": "new",
+        },
+        {"top.txt": "top", "pkg/m3.py": None},  # a file rewritten with the same content
+        {"run.sh": "#!/bin/sh\necho\n"},
+    ]
+    for i, change in enumerate(versions):
+        write(src, change)
+        if i == 4:
+            os.chmod(src / "run.sh", 0o755)  # the mode changes too
+        time.sleep(0.01)
+        tree = hashed(src, cache)
+        if i >= 2:
+            wait_ready(family)
+        made = counting_links(monkeypatch)
+        target = tmp_path / f"v{i}"
+        target.mkdir()
+        _spares.lay_out(tree, cache, target, family)
+        monkeypatch.undo()
+        whole = tmp_path / f"whole{i}"
+        _store.materialize(tree, cache, whole)
+        assert shape(target) == shape(whole)
+        for entry in tree.entries:  # links to the blobs, as a whole lay-out makes them
+            blob = Path(_store.blob_path(cache, entry.blob_name))
+            assert (target / entry.rel).stat().st_ino == blob.stat().st_ino
+        if i < 2:
+            assert len(made) == len(tree.entries)
+        else:  # only what differs is linked
+            changed = {2: 4, 3: 0, 4: 1}[i]
+            assert len(made) == changed, made
+
+
+def test_a_file_written_through_another_link_is_not_kept(tmp_path: Path, cache: Path) -> None:
+    """The spare shares its files' inodes with the blobs and every env using them: a write
+    in place through another link (a subprocess past the workers' guard) changes the spare
+    too. The next version does not keep it: it gets the content the source has."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "original", "b.txt": "b"})
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    for i in range(2):
+        target = tmp_path / f"v{i}"
+        target.mkdir()
+        _spares.lay_out(hashed(src, cache), cache, target, family)
+    wait_ready(family)
+    victim = tmp_path / "v1" / "a.txt"  # an env's link to the blob the spare links too
+    os.chmod(victim, 0o644)
+    with open(victim, "r+") as f:
+        f.write("EVIL")
+    write(src, {"b.txt": "b2"})
+    target = tmp_path / "v2"
+    target.mkdir()
+    _spares.lay_out(hashed(src, cache), cache, target, family)
+    assert (target / "a.txt").read_text() == "original"
+    assert (target / "b.txt").read_text() == "b2"
+    assert stat.S_IMODE((target / "a.txt").stat().st_mode) == 0o444
+
+
+def test_a_spare_that_cannot_be_updated_gives_a_whole_lay_out(tmp_path: Path, cache: Path) -> None:
+    """A spare whose files are not what it was made with (here removed by hand) fails its
+    update half-way: the target is laid out whole instead, nothing of the spare is left."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "a", "d/b.txt": "b"})
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    for i in range(2):
+        target = tmp_path / f"v{i}"
+        target.mkdir()
+        _spares.lay_out(hashed(src, cache), cache, target, family)
+    wait_ready(family)
+    (spare,) = [p for p in (cache / "tmp").iterdir() if "-spare-" in p.name]
+    (spare / "d" / "b.txt").unlink()  # the update must unlink it: ENOENT
+    write(src, {"d/b.txt": "b changed"})
+    target = tmp_path / "v2"
+    target.mkdir()
+    _spares.lay_out(hashed(src, cache), cache, target, family)
+    assert shape(target) == {
+        "a.txt": ("a", 0o444, 0),
+        "d": ("dir", shape(tmp_path / "v0")["d"][1], 0),
+        "d/b.txt": ("b changed", 0o444, 0),
+    }
+    assert not spare.exists()
+
+
+def test_drop_removes_every_spare_of_the_store(tmp_path: Path, cache: Path) -> None:
+    other = tmp_path / "other-cache"
+    (other / "tmp").mkdir(parents=True)
+    _hashing.forget_stat_cache()
+    for n in range(3):
+        src = tmp_path / f"src{n}"
+        write(src, {"a.txt": f"{n}"})
+        for root in (cache, other):
+            for i in range(2):
+                target = tmp_path / f"t-{root.name}-{n}-{i}"
+                target.mkdir()
+                _spares.lay_out(hashed(src, root), root, target, f"0:{src}")
+    for n in range(3):
+        wait_ready(f"0:{tmp_path / f'src{n}'}", count=2)
+    _spares.drop(str(_store.blob_dir(other)))
+    assert list((other / "tmp").iterdir()) == []
+    left = [s for s in _spares.spares() if s[0] == str(_store.blob_dir(cache))]
+    assert len(left) == 3
+    assert len([p for p in (cache / "tmp").iterdir() if "-spare-" in p.name]) == 3
