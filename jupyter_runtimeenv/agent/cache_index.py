@@ -63,6 +63,10 @@ def _open_index(db: sqlite3.Connection) -> None:
     while True:
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # In WAL mode NORMAL never corrupts the index; a power cut may lose its last
+            # commits, which the start-up sweep and commit() treat like any interrupted
+            # build. FULL fsynced every commit: 5-7 ms each at load 6, three per new env.
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=30000")
             db.executescript(_SCHEMA)
             return
