@@ -23,12 +23,14 @@ keeps ~6 tracked objects alive instead of ~28, a done one 2.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextlib
 import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
@@ -51,9 +53,27 @@ _task_ids = itertools.count(1)
 #: How often a task is handed to a worker that dies before reading it, before it fails.
 MAX_DELIVERIES = 3
 
-#: The lock of every ``RemoteFuture`` (see the module docstring). Re-entrant, as
-#: ``concurrent.futures.wait`` takes each future's lock in turn; nothing waits on it.
-_CONDITION = threading.Condition(threading.RLock())
+
+class _SharedLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed only
+    """The lock of every ``RemoteFuture`` (see the module docstring), as its ``_condition``.
+    Re-entrant, as ``concurrent.futures.wait`` takes each future's lock in turn. Nothing
+    waits on it (a waiter blocks on a lock of its own), so ``notify_all`` has nothing to do.
+
+    Not a ``threading.Condition``: its ``__enter__`` is Python code, and an interrupt (the
+    main thread's KeyboardInterrupt) raised as that code returns from taking the lock left
+    it taken for good: every future of the process then hung (found by
+    tests/workers/test_answer_read.py, interrupting ``result()`` at random instants). An
+    RLock's own ``__enter__`` takes it and enters the ``with`` block in one step."""
+
+    def notify_all(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        # Only Future.result(0)/exception(0) call it, on a future not done: nothing to wait.
+        return False
+
+
+_CONDITION = _SharedLock()
 
 
 def _unlock_after_fork() -> None:
@@ -61,7 +81,7 @@ def _unlock_after_fork() -> None:
     # another thread held the lock -- a reader thread settling a future -- would leave it held
     # for good in the child, and the child's first future would hang. threading resets its
     # own locks the same way.
-    threading.Condition.__init__(_CONDITION, threading.RLock())
+    _CONDITION._at_fork_reinit()  # type: ignore[attr-defined]
 
 
 os.register_at_fork(after_in_child=_unlock_after_fork)
@@ -76,9 +96,15 @@ class Holder(Protocol):
 
 
 class Runner(Protocol):
-    """What a task was handed to (``WorkerProcess``): the id of the call it runs, or 0."""
+    """What a task was handed to (``WorkerProcess``)."""
 
-    def running(self) -> int: ...
+    def running(self) -> int:
+        """The id of the call it runs, or 0."""
+        ...
+
+    def read_answer(self, task: Task, timeout: float | None) -> None:
+        """Read ``task``'s answer in this thread if it can, briefly (see ``WorkerProcess``)."""
+        ...
 
 
 class _Wake(_Waiter):
@@ -104,7 +130,7 @@ class RemoteFuture(Future[T]):
 
     def __init__(self, name: str = "task") -> None:
         # Not Future.__init__: its own Condition per future is what this class avoids.
-        self._condition = _CONDITION
+        self._condition = _CONDITION  # type: ignore[assignment]  # see _SharedLock
         self._state = PENDING
         self._result = None
         self._exception = None
@@ -180,7 +206,21 @@ class RemoteFuture(Future[T]):
             raise interrupted(self, caught) from None
 
     def _wait(self, timeout: float | None) -> None:
-        """Until the future is done, at most ``timeout`` seconds."""
+        """Until the future is done, at most ``timeout`` seconds. The worker that runs the
+        task may let this thread read the answer itself (one thread woken instead of two)."""
+        if self._state in _DONE:
+            return
+        task = self._task
+        runner = task.worker if task is not None else None
+        if runner is not None and task is not None and task.affinity is None:
+            # Not for a kept worker's call (%%remote): an interrupt while the answer is
+            # handled here breaks the worker, and its namespace with it.
+            if timeout is None:
+                runner.read_answer(task, None)
+            else:
+                start = time.monotonic()
+                runner.read_answer(task, timeout)
+                timeout = max(0.0, timeout - (time.monotonic() - start))
         with _CONDITION:
             if self._state in _DONE:
                 return

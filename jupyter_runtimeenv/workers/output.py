@@ -42,8 +42,9 @@ class OutputTarget:
     def write(self, stream: int, text: str) -> None:
         """Write ``text`` to stdout (``stream == 1``) or stderr (2) in the captured context.
 
-        Only the owning worker's reader thread calls this for a given target, so the
-        context is never entered by two threads at once.
+        Only the thread reading the owning worker (its reader thread, or one waiting for
+        an answer, under the worker's read lock: ``process.py``) calls this for a given
+        target, so the context is never entered by two threads at once.
         """
         target = self.stdout if stream == 1 else self.stderr
         # Closed (ValueError/OSError: a kernel restart, the end of a test) or broken (any

@@ -16,6 +16,15 @@ A worker holds up to the pool's pipeline depth of calls (``held``, oldest first;
 one runs). The pool appends to ``held`` and ``outbox`` under its lock; ``flush`` sends what
 is in ``outbox`` in order, under the worker's send lock, so calls reach the worker in the
 order of ``held`` whichever thread flushes.
+
+A thread waiting for the answer of the call a worker runs reads it itself
+(``read_answer``, from ``RemoteFuture.result``) for a short while: the socket is taken out of
+the reader thread's epoll meanwhile, so an answer wakes one thread instead of the reader
+thread, which then woke the waiter (that hand-over was ~20 us of a ~80 us round trip on an
+idle worker, ``benchmarks/bench_workers.py``). Whoever handles what the worker sent holds
+its *read lock*: the reader thread for each batch of events, a waiter while it reads. The
+waiter reads only the happy path (answers, notices, output before them); anything else (EOF,
+a hang-up, the window over) goes back to the reader thread as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -54,6 +64,11 @@ _EXIT_GRACE = 2.0
 
 
 _ANSWERS = frozenset((protocol.RETURN, protocol.RAISE, protocol.SKIP))
+#: How long a thread waiting for an answer reads the socket itself (``read_answer``) before
+#: it leaves that to the reader thread again: a short call's answer comes well within it; a
+#: longer call's output waits for the reader at most this long.
+ANSWER_WINDOW = 0.005
+_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class WorkerListener(Protocol):
@@ -102,6 +117,21 @@ class WorkerProcess:
         self._exited_at: float | None = None
         #: Held while signalling the group and while reaping: never one after the other.
         self._reap_lock = threading.Lock()
+        #: Held by whoever handles what the worker sent: the reader thread, for each batch of
+        #: events, or a thread reading its own call's answer (``read_answer``). An RLock for
+        #: its owner: an interrupted reader releases it only if it took it.
+        self._read_lock = threading.RLock()
+        #: The reader thread's epoll, while it reads (None before and after). Read lock.
+        self._poller: select.epoll | None = None
+        #: The descriptors registered in it: the output pipes until their EOF.
+        self._watched: set[int] = set()
+        #: What ``read_answer`` polls: the socket and ``_watched``. Read lock.
+        self._waiter: select.poll | None = None
+        self._forwarders: dict[int, StreamForwarder] = {}
+        #: Where the output of the last answered call went (output after it goes there too).
+        self._last: OutputTarget | None = None
+        #: What went wrong while a waiting thread read (``read_answer``): the reader reports it.
+        self._broken: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<WorkerProcess pid={self.pid} ready={self.ready} held={len(self.held)}>"
@@ -255,18 +285,20 @@ class WorkerProcess:
             return
         if channel is None:
             return
-        forwarders = {
+        forwarders = self._forwarders = {
             proc.stdout.fileno(): StreamForwarder(1, self.pid),
             proc.stderr.fileno(): StreamForwarder(2, self.pid),
         }
-        selector = selectors.DefaultSelector()
+        poller = select.epoll()
         for fd in forwarders:
             os.set_blocking(fd, False)
-            selector.register(fd, selectors.EVENT_READ)
-        selector.register(sock, selectors.EVENT_READ)
+            poller.register(fd, select.EPOLLIN)
+            self._watched.add(fd)
+        sock_fd = sock.fileno()
+        poller.register(sock_fd, select.EPOLLIN)
         if self._exit_fd is not None:
-            selector.register(self._exit_fd, selectors.EVENT_READ)
-        last: OutputTarget | None = None
+            poller.register(self._exit_fd, select.EPOLLIN)
+        self._poller = poller
         error: WorkerError | None = None
         self._deadline = time.monotonic() + self.startup_timeout
         try:
@@ -279,60 +311,57 @@ class WorkerProcess:
                 if partial is not None:
                     wait = max(0.0, partial - time.monotonic())
                     timeout = wait if timeout is None else min(timeout, wait)
-                events = selector.select(timeout)
-                if partial is not None:
-                    target = self.task.output if self.task is not None else last
-                    for forwarder in forwarders.values():
-                        forwarder.tick(target)
-                if not events and self._exited_at is not None:
-                    if time.monotonic() < self._exited_at + _EXIT_GRACE:
+                events = poller.poll(-1 if timeout is None else timeout)
+                with self._read_lock:  # a thread reading its answer may have taken it all
+                    if self._broken is not None:
+                        raise self._broken
+                    if partial is not None:
+                        target = self.task.output if self.task is not None else self._last
+                        for forwarder in forwarders.values():
+                            forwarder.tick(target)
+                    if not events and self._exited_at is not None:
+                        if time.monotonic() < self._exited_at + _EXIT_GRACE:
+                            continue
+                        error = None if self._stopping else self._died()
+                        break
+                    if not events and not self.ready:
+                        if time.monotonic() < self._deadline:
+                            continue
+                        what = "import the pool's modules" if self._hello_seen else "say HELLO"
+                        error = self._startup_error(f"did not {what} in time")
+                        break
+                    if not events:
                         continue
-                    error = None if self._stopping else self._died()
-                    break
-                if not events and not self.ready:
-                    if time.monotonic() < self._deadline:
+                    readable = {fd for fd, _ in events}
+                    if self._exit_fd is not None and self._exit_fd in readable:
+                        # Its own exit, not the EOF of pipes a fork of it may still hold: end
+                        # its group (those forks die, their copies close), read what is left.
+                        poller.unregister(self._exit_fd)
+                        readable.discard(self._exit_fd)
+                        self._exited_at = time.monotonic()
+                        with self._reap_lock:
+                            lifeline.kill_group(self.pid)
+                        sock.settimeout(_EXIT_GRACE)
+                    # Output written before a frame is reported by the same poll (the worker
+                    # flushes, then sends; epoll is level-triggered), so it is drained first.
+                    if len(readable) > (sock_fd in readable):
+                        self._drain(self.task.output if self.task is not None else self._last)
+                    if sock_fd not in readable:
                         continue
-                    what = "import the pool's modules" if self._hello_seen else "say HELLO"
-                    error = self._startup_error(f"did not {what} in time")
-                    break
-                if not events:
-                    continue
-                readable = {key.fileobj for key, _ in events}
-                if self._exit_fd is not None and self._exit_fd in readable:
-                    # Its own exit, not the EOF of pipes a fork of it may still hold: end
-                    # its group (those forks die, their copies close), read what is left.
-                    selector.unregister(self._exit_fd)
-                    readable.discard(self._exit_fd)
-                    self._exited_at = time.monotonic()
-                    with self._reap_lock:
-                        lifeline.kill_group(self.pid)
-                    sock.settimeout(_EXIT_GRACE)
-                # Output written before a frame is reported by the same select (the worker
-                # flushes, then sends; epoll is level-triggered), so it is drained first.
-                if len(readable) > (sock in readable):
-                    target = self.task.output if self.task is not None else last
-                    self._drain(forwarders, selector, target)
-                if sock not in readable:
-                    continue
-                try:
-                    alive = channel.reader.pump()
-                except ConnectionResetError:  # it died with bytes of ours unread
-                    alive = False
-                except OSError:
-                    if self._exited_at is None:
-                        raise
-                    alive = False  # it died inside a frame; a survivor holds the socket
-                if not alive:
-                    error = None if self._stopping else self._died()
-                    break
-                answers: list[tuple[int, bytes | bytearray]] = []
-                for kind, payload in channel.reader.frames():
-                    if kind in _ANSWERS:
-                        answers.append((kind, payload))
-                    else:
-                        self._notice(kind, payload)
-                if answers:
-                    last = self._answered(answers, forwarders)
+                    try:
+                        alive = channel.reader.pump(socket.MSG_DONTWAIT)
+                    except BlockingIOError:  # a thread waiting for its answer read it all
+                        continue
+                    except ConnectionResetError:  # it died with bytes of ours unread
+                        alive = False
+                    except OSError:
+                        if self._exited_at is None:
+                            raise
+                        alive = False  # it died inside a frame; a survivor holds the socket
+                    if not alive:
+                        error = None if self._stopping else self._died()
+                        break
+                    self._frames(channel)
         except (protocol.ProtocolError, OSError, ValueError) as exc:
             self.kill()
             error = BrokenWorker(f"worker pid {self.pid} broke the protocol: {exc}")
@@ -342,8 +371,104 @@ class WorkerProcess:
             self.kill()
             error = BrokenWorker(f"worker pid {self.pid}: the driver failed to read it: {exc!r}")
         finally:
-            selector.close()
-        self._finish(forwarders, error, last)
+            with self._read_lock:  # no waiting thread touches it from now on
+                self._poller = None
+            poller.close()
+        self._finish(error)
+
+    def _frames(self, channel: Channel) -> None:
+        """Handle the frames read so far (read lock held)."""
+        answers: list[tuple[int, bytes | bytearray]] = []
+        for kind, payload in channel.reader.frames():
+            if kind in _ANSWERS:
+                answers.append((kind, payload))
+            else:
+                self._notice(kind, payload)
+        if answers:
+            self._last = self._answered(answers)
+
+    def read_answer(self, task: Task, timeout: float | None) -> None:
+        """Read what the worker sends, in this thread (one waiting for ``task``'s future),
+        until the future is done, for ``ANSWER_WINDOW`` (or ``timeout``) at most; then the
+        reader thread reads again. Only while ``task`` is the call the worker runs and no
+        one else reads (else it returns at once). An interrupt while it waits leaves
+        nothing half-read; one while it handles what it read (tens of microseconds) breaks
+        the worker: the calls it answered then fail with ``BrokenWorker``."""
+        window = ANSWER_WINDOW if timeout is None else min(ANSWER_WINDOW, timeout)
+        held = self.held
+        if window <= 0 or not self.ready or self._poller is None or not held or held[0] is not task:
+            return
+        lock = self._read_lock
+        if lock._is_owned():  # type: ignore[attr-defined]  # reading already: a done-callback
+            return
+        # An interrupt (KeyboardInterrupt in the main thread) can come at the end of any
+        # call below: whatever it skips, the finally clauses undo (the lock is an RLock:
+        # released only by its owner, so not taking it is no harm), and each undoing step
+        # is one call, done before the next interrupt could be raised.
+        try:
+            if not lock.acquire(blocking=False):
+                return
+            poller, sock, channel = self._poller, self._sock, self.channel
+            if poller is None or sock is None or channel is None or self._stopping:
+                return
+            if self._broken is not None or self._exited_at is not None:
+                return
+            sock_fd = sock.fileno()
+            try:
+                poller.modify(sock_fd, 0)  # the reader thread is not woken for what we read
+                self._read_for(task, window, sock_fd, channel)
+            finally:
+                poller.modify(sock_fd, select.EPOLLIN)  # what is left wakes it at once
+        finally:
+            try:  # noqa: SIM105 - contextlib.suppress's __enter__ is Python: interruptible
+                lock.release()
+            except RuntimeError:  # not ours: the reader thread's, or never taken
+                pass
+
+    def _read_for(self, task: Task, window: float, sock_fd: int, channel: Channel) -> None:
+        """``read_answer``'s loop (read lock held)."""
+        waiter = self._waiter
+        if waiter is None:  # made again when an output pipe is gone
+            waiter = self._waiter = select.poll()
+            waiter.register(sock_fd, select.POLLIN)
+            for fd in self._watched:
+                waiter.register(fd, select.POLLIN)
+        future = task.future
+        end = time.monotonic() + window
+        while not future.done():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            events = waiter.poll(left * 1000)
+            if not events:
+                return
+            if any(mask & _HANGUP for _fd, mask in events):
+                return  # it died or closed a stream: the reader thread sees to it
+            owed = list(self.held)
+            answered = any(fd == sock_fd for fd, _mask in events)
+            try:
+                if len(events) > answered:  # output before the answer: shown first
+                    self._drain(self.task.output if self.task is not None else self._last)
+                if not answered:
+                    continue
+                try:
+                    alive = channel.reader.pump(socket.MSG_DONTWAIT)
+                except (BlockingIOError, ConnectionResetError):
+                    return
+                if not alive:
+                    return  # EOF: the reader thread reads it again and reports the death
+                self._frames(channel)
+            except BaseException as exc:
+                # Half-handled: the stream or the pool's view of it cannot be trusted. The
+                # worker goes; the calls whose answers were read and not settled fail; the
+                # reader thread reports the rest as a death.
+                message = f"worker pid {self.pid}: reading its answer failed: {exc!r}"
+                self._broken = exc if isinstance(exc, Exception) else BrokenWorker(message)
+                self.kill()
+                _break([t for t in owed if t not in self.held and not t.future.done()], message)
+                if isinstance(exc, Exception):
+                    return
+                raise
 
     _hello_seen = False
     _preloading = False
@@ -409,9 +534,7 @@ class WorkerProcess:
                 traceback=str(failed["traceback"]),
             )
 
-    def _answered(
-        self, answers: list[tuple[int, bytes | bytearray]], forwarders: dict[int, StreamForwarder]
-    ) -> OutputTarget:
+    def _answered(self, answers: list[tuple[int, bytes | bytearray]]) -> OutputTarget:
         """Answers of the oldest calls held, in order: hand the worker its next calls, then
         settle the futures."""
         if not self.ready:
@@ -422,7 +545,7 @@ class WorkerProcess:
             _break(tasks, f"worker pid {self.pid} answered calls it was not given")
             raise protocol.ProtocolError(f"{len(answers)} answers for {len(tasks)} calls")
         self.flush()  # the worker's next calls go out before the waiters wake: keeps it busy
-        for forwarder in forwarders.values():
+        for forwarder in self._forwarders.values():
             forwarder.flush(tasks[-1].output)
         channel = self.channel
         assert channel is not None
@@ -446,13 +569,9 @@ class WorkerProcess:
                 task.future.settle_result(value)
         return tasks[-1].output
 
-    def _drain(
-        self,
-        forwarders: dict[int, StreamForwarder],
-        selector: selectors.BaseSelector,
-        target: OutputTarget | None,
-    ) -> None:
-        for fd, forwarder in forwarders.items():
+    def _drain(self, target: OutputTarget | None) -> None:
+        """Read the output pipes until they are empty (read lock held, or the reader done)."""
+        for fd, forwarder in self._forwarders.items():
             while True:
                 try:
                     data = os.read(fd, 65536)
@@ -461,8 +580,11 @@ class WorkerProcess:
                 except OSError:
                     data = b""
                 if not data:  # EOF: the process is gone or closed its stream
-                    if fd in selector.get_map():
-                        selector.unregister(fd)
+                    if fd in self._watched:
+                        self._watched.discard(fd)
+                        self._waiter = None
+                        if self._poller is not None:
+                            self._poller.unregister(fd)
                     break
                 if not self.ready and forwarder.stream == 2:
                     self._startup_tail = (self._startup_tail + data)[-_TAIL_BYTES:]
@@ -534,21 +656,16 @@ class WorkerProcess:
             return False
         return True
 
-    def _finish(
-        self,
-        forwarders: dict[int, StreamForwarder],
-        error: WorkerError | None,
-        last: OutputTarget | None,
-    ) -> None:
+    def _finish(self, error: WorkerError | None) -> None:
         self._stopping = True
-        target = self.task.output if self.task is not None else last
+        target = self.task.output if self.task is not None else self._last
         if self.proc is not None:
             self._exit_code()
             if self._exit_fd is not None:
                 os.close(self._exit_fd)
                 self._exit_fd = None
-            self._drain(forwarders, selectors.DefaultSelector(), target)
-            for forwarder in forwarders.values():
+            self._drain(target)
+            for forwarder in self._forwarders.values():
                 forwarder.flush(target)
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream is not None:
