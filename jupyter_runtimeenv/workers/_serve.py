@@ -168,9 +168,9 @@ class Worker:
         never start here, and the driver gives them to another worker)."""
         P = self.protocol
         pending, reader, status = self.pending, self.reader, self.status
+        if not self.stdio_intact():
+            return True
         while True:
-            if not self.stdio_intact():
-                return True
             if not pending:
                 if not reader.pump():
                     return False
@@ -194,6 +194,9 @@ class Worker:
                 out, fds = self.run(pending.popleft())
             self.send(out, fds)
             P.STATUS.pack_into(status, 0, 0)
+            # Only a call can break them (two fstat calls: once per call, not per wake-up).
+            if not self.stdio_intact():
+                return True
 
     def absorb(self) -> None:
         """Take in every frame read so far."""
