@@ -9,7 +9,11 @@ that a loaded machine weighs on both alike:
 - ``W5 first``: a tree never seen (a new cache, the stat cache forgotten), first task;
   floor ``cp -r`` of the tree, measured just before;
 - ``W5 unchanged`` / ``W5 one byte``: a new pool (so a new worker) on an unchanged tree, and
-  after a one-byte change; floor a python start with cloudpickle, measured just before;
+  after a one-byte change; floor a python start with cloudpickle, measured just before (the
+  next version of an edited tree is laid out from a spare, ``plugins/_spares.py``, made
+  ``DEFER_S`` after the build before: the python start between two edits leaves it time);
+- ``W5 one byte, no spare``: the same, each rep right after a ``W5 one byte`` one, with the
+  spares turned off in this process (the lay-out links every file, as before them);
 - ``hash first`` / ``hash again``: ``hash_tree`` of a tree never seen (storing its content),
   and of the unchanged tree;
 - ``stat walk``: ``os.walk`` plus one ``stat`` per file (what an unchanged tree costs
@@ -38,7 +42,7 @@ from _common import change_one_byte, count_files, cp_r, make_tree, progress, pyt
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
-from jupyter_runtimeenv.plugins import _hashing, _store
+from jupyter_runtimeenv.plugins import _hashing, _spares, _store
 
 cloudpickle.register_pickle_by_value(_common)
 
@@ -71,6 +75,18 @@ def executor(client: EmbeddedClient) -> Iterator[None]:
     finally:
         ex.shutdown()
         jre.shutdown()
+
+
+@contextmanager
+def no_spares() -> Iterator[None]:
+    """Lay trees out whole, as before spares: none is taken, none is made."""
+    take, offer = _spares._take, _spares._offer
+    _spares._take = lambda key: None
+    _spares._offer = lambda key, tree, cache_root: None
+    try:
+        yield
+    finally:
+        _spares._take, _spares._offer = take, offer
 
 
 def first_task(tree: Path) -> float:
@@ -131,6 +147,10 @@ def main() -> None:
                 change_one_byte(tree)
                 with executor(client):
                     add("W5 one byte", first_task(tree))
+                add("W5 one byte, no spare: python start", python_start(1)[0])
+                change_one_byte(tree)
+                with executor(client), no_spares():
+                    add("W5 one byte, no spare", first_task(tree))
 
     med = {key: statistics.median(v) for key, v in out.items()}
     print("| part | median ms | floor | floor ms | ratio |\n|---|---|---|---|---|")
