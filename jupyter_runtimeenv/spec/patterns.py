@@ -28,12 +28,17 @@ matches directories only, ``*`` and ``?`` never match ``/``, ``[...]`` with rang
 ``!``/``^`` negation and ``[:class:]``, ``\\`` escapes, ``**/``, ``/**/`` and ``/**``. A
 pattern with an unclosed ``[`` or a bad ``[:class:]`` matches nothing, as in git. Names are
 matched by character, not by UTF-8 byte (``?`` matches ``é``; git's ``?`` matches one byte).
+
+This module holds patterns and lists of them; the tokens of a pattern and the match of one
+path component are ``_wildmatch.py``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ._wildmatch import GLOBSTAR, SEP, STAR, Never, Segment, Token, tokenize
 
 __all__ = [
     "MAX_PATTERNS",
@@ -55,232 +60,6 @@ class PatternError(ValueError):
     """A pattern list past its bounds; the message says which bound."""
 
 
-# -- one character ------------------------------------------------------------------------
-
-#: ``[:name:]`` classes, ASCII only (git's own ctype: no locale).
-_CLASSES: dict[str, Callable[[str], bool]] = {
-    "alnum": lambda c: c.isascii() and c.isalnum(),
-    "alpha": lambda c: c.isascii() and c.isalpha(),
-    "blank": lambda c: c in " \t",
-    "cntrl": lambda c: ord(c) < 32 or ord(c) == 127,
-    "digit": lambda c: "0" <= c <= "9",
-    "graph": lambda c: 33 <= ord(c) <= 126,
-    "lower": lambda c: "a" <= c <= "z",
-    "print": lambda c: 32 <= ord(c) <= 126,
-    "punct": lambda c: 33 <= ord(c) <= 126 and not c.isalnum(),
-    "space": lambda c: c in " \t\n\r",
-    "upper": lambda c: "A" <= c <= "Z",
-    "xdigit": lambda c: c in "0123456789abcdefABCDEF",
-}
-
-
-@dataclass(frozen=True)
-class _Class:
-    """``[...]``: characters, ranges and named classes, maybe negated."""
-
-    negated: bool
-    chars: frozenset[str]
-    ranges: tuple[tuple[str, str], ...]
-    named: tuple[str, ...]
-
-    def matches(self, c: str) -> bool:
-        found = (
-            c in self.chars
-            or any(lo <= c <= hi for lo, hi in self.ranges)
-            or any(_CLASSES[n](c) for n in self.named)
-        )
-        return found != self.negated
-
-
-_ANY = "?"  # one character
-_STAR = "*"  # any run of characters (within one path component)
-_SEP = "/"
-#: A token: a literal character (``("lit", c)``), ``_ANY``, ``_STAR``, ``_SEP`` or a ``_Class``.
-_Token = tuple[str, str] | str | _Class
-
-
-class _Never(Exception):
-    """The pattern can match nothing (an unclosed ``[``, a bad ``[:class:]``, a trailing
-    ``\\``): git's wildmatch aborts on these."""
-
-
-def _parse_class(text: str, i: int) -> tuple[_Class, int]:
-    """The class starting after the ``[`` at ``text[i - 1]``; (class, index after ``]``).
-
-    A port of wildmatch.c's loop: the first character (after ``!``/``^``) is taken even if
-    it is ``]``; ``a-z`` is a range unless ``-`` is first or last; ``\\`` escapes."""
-    n = len(text)
-    negated = False
-    if i < n and text[i] in "!^":
-        negated = True
-        i += 1
-    chars: set[str] = set()
-    ranges: list[tuple[str, str]] = []
-    named: list[str] = []
-    prev = ""
-    first = True
-    while True:
-        if i >= n:
-            raise _Never
-        c = text[i]
-        if c == "]" and not first:
-            return _Class(negated, frozenset(chars), tuple(ranges), tuple(named)), i + 1
-        first = False
-        if c == "\\":
-            i += 1
-            if i >= n:
-                raise _Never
-            c = text[i]
-            chars.add(c)
-            prev = c
-        elif c == "-" and prev and i + 1 < n and text[i + 1] != "]":
-            i += 1
-            hi = text[i]
-            if hi == "\\":
-                i += 1
-                if i >= n:
-                    raise _Never
-                hi = text[i]
-            ranges.append((prev, hi))
-            prev = ""
-        elif c == "[" and i + 1 < n and text[i + 1] == ":":
-            end = text.find("]", i + 2)
-            if end < 0:
-                raise _Never
-            body = text[i + 2 : end]
-            if not body.endswith(":") or len(body) < 1:
-                chars.add("[")  # no ":]": a plain "[" in the set
-                prev = "["
-            else:
-                name = body[:-1]
-                if name not in _CLASSES:
-                    raise _Never
-                named.append(name)
-                prev = ""
-                i = end
-        else:
-            chars.add(c)
-            prev = c
-        i += 1
-
-
-def _tokens(text: str) -> list[_Token]:
-    """The pattern's tokens; ``_Never`` if it cannot match anything."""
-    out: list[_Token] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 1
-            if i >= n:
-                raise _Never
-            c = text[i]
-            out.append(_SEP if c == "/" else ("lit", c))
-        elif c == "*":
-            out.append(_STAR)
-        elif c == "?":
-            out.append(_ANY)
-        elif c == "[":
-            cls, i = _parse_class(text, i + 1)
-            out.append(cls)
-            continue
-        elif c == "/":
-            out.append(_SEP)
-        else:
-            out.append(("lit", c))
-        i += 1
-    return out
-
-
-# -- one path component ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """A glob for one path component (no ``/``)."""
-
-    #: Literal chunks between stars, when every token is a literal or a star.
-    chunks: tuple[str, ...] | None
-    #: Otherwise: the tokens, stars collapsed, for the NFA.
-    tokens: tuple[_Token, ...] = ()
-    _star_bits: int = 0
-    _masks: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
-
-    @classmethod
-    def of(cls, tokens: Sequence[_Token]) -> _Segment:
-        collapsed: list[_Token] = []
-        for token in tokens:
-            if token == _STAR and collapsed and collapsed[-1] == _STAR:
-                continue  # "**" inside a component is "*"
-            collapsed.append(token)
-        if all(t == _STAR or isinstance(t, tuple) for t in collapsed):
-            chunks = [""]
-            for token in collapsed:
-                if token == _STAR:
-                    chunks.append("")
-                else:
-                    assert isinstance(token, tuple)
-                    chunks[-1] += token[1]
-            return cls(tuple(chunks))
-        star_bits = sum(1 << i for i, t in enumerate(collapsed) if t == _STAR)
-        return cls(None, tuple(collapsed), star_bits)
-
-    def match(self, name: str) -> bool:
-        chunks = self.chunks
-        if chunks is not None:
-            if len(chunks) == 1:
-                return name == chunks[0]
-            head, tail = chunks[0], chunks[-1]
-            if len(name) < len(head) + len(tail):
-                return False
-            if not (name.startswith(head) and name.endswith(tail)):
-                return False
-            pos, end = len(head), len(name) - len(tail)
-            for chunk in chunks[1:-1]:
-                found = name.find(chunk, pos, end)
-                if found < 0:
-                    return False
-                pos = found + len(chunk)
-            return True
-        return self._nfa(name)
-
-    def _nfa(self, name: str) -> bool:
-        # Bit i: the first i tokens matched. A character moves bit i to i+1 when token i
-        # accepts it, and keeps bit i when token i is a star; a star may also match nothing
-        # (bit i+1 follows bit i). Stars are never adjacent, so one closure step suffices.
-        stars = self._star_bits
-        state = 1 | ((1 & stars) << 1)
-        for c in name:
-            mask = self._masks.get(c)
-            if mask is None:
-                mask = self._mask(c)
-            state = ((state & mask) << 1) | (state & stars)
-            state |= (state & stars) << 1
-            if not state:
-                return False
-        return bool(state >> len(self.tokens) & 1)
-
-    def _mask(self, c: str) -> int:
-        mask = 0
-        for i, token in enumerate(self.tokens):
-            if token == _ANY:
-                hit = True
-            elif isinstance(token, tuple):
-                hit = token[1] == c
-            elif isinstance(token, _Class):
-                hit = token.matches(c)
-            else:
-                hit = False
-            if hit:
-                mask |= 1 << i
-        if len(self._masks) < 4096:
-            self._masks[c] = mask
-        return mask
-
-
-_GLOBSTAR = None  # a "**" component: any number of components
-
-
 # -- one pattern -------------------------------------------------------------------------------
 
 
@@ -294,8 +73,8 @@ class Pattern:
     negated: bool
     dir_only: bool
     anchored: bool
-    #: ``_Segment``s, ``None`` for ``**``; empty if the pattern matches nothing.
-    segments: tuple[_Segment | None, ...]
+    #: ``Segment``s, ``None`` for ``**``; empty if the pattern matches nothing.
+    segments: tuple[Segment | None, ...]
     never: bool = False
 
     def matches(self, parts: Sequence[str], is_dir: bool) -> bool:
@@ -308,7 +87,7 @@ class Pattern:
         return _match_components(self.segments, parts)
 
 
-def _match_components(segments: tuple[_Segment | None, ...], parts: Sequence[str]) -> bool:
+def _match_components(segments: tuple[Segment | None, ...], parts: Sequence[str]) -> bool:
     # The NFA again, one step per path component: bit i = the first i segments matched;
     # ``**`` keeps its bit (it eats a component) and passes it on (it may eat none).
     globs = sum(1 << i for i, s in enumerate(segments) if s is None)
@@ -347,29 +126,29 @@ def compile_pattern(line: str) -> Pattern | None:
     if body.startswith("/"):
         body = body[1:]
     try:
-        tokens = _tokens(body)
-    except _Never:
+        tokens = tokenize(body)
+    except Never:
         return Pattern(line, negated, dir_only, anchored, (), never=True)
     if not tokens:
         return Pattern(line, negated, dir_only, anchored, (), never=True)
-    groups: list[list[_Token]] = [[]]
+    groups: list[list[Token]] = [[]]
     for token in tokens:
-        if token == _SEP:
+        if token == SEP:
             groups.append([])
         else:
             groups[-1].append(token)
-    segments: list[_Segment | None] = []
+    segments: list[Segment | None] = []
     for group in groups:
-        if len(group) >= 2 and all(t == _STAR for t in group) and anchored:
-            if segments and segments[-1] is _GLOBSTAR:
+        if len(group) >= 2 and all(t == STAR for t in group) and anchored:
+            if segments and segments[-1] is GLOBSTAR:
                 continue  # "**/**" is "**"
-            segments.append(_GLOBSTAR)
+            segments.append(GLOBSTAR)
         else:
-            segments.append(_Segment.of(group))
-    if anchored and segments[-1] is _GLOBSTAR:
+            segments.append(Segment.of(group))
+    if anchored and segments[-1] is GLOBSTAR:
         # A trailing "/**" matches everything *inside*: at least one more component.
-        segments[-1:] = [_Segment(("", "")), _GLOBSTAR]
-    if len(segments) == 2 and segments[0] is _GLOBSTAR:
+        segments[-1:] = [Segment(("", "")), GLOBSTAR]
+    if len(segments) == 2 and segments[0] is GLOBSTAR:
         # "**/name" is "name" at any depth: the unanchored form, matched on the name alone.
         return Pattern(line, negated, dir_only, False, tuple(segments[1:]))
     return Pattern(line, negated, dir_only, anchored, tuple(segments))
@@ -495,7 +274,7 @@ def _simple_shape(p: Pattern) -> tuple[str, str] | None:
             and segs[1] is not None
             and segs[1].chunks is not None
             and len(segs[1].chunks) == 1
-            and segs[2] == _Segment(("", ""))
+            and segs[2] == Segment(("", ""))
         ):
             return ("inner", segs[1].chunks[0])  # "**/name/**": below a directory "name"
         return None
