@@ -12,6 +12,9 @@ leaves the build running (the first task waits for it). The magic keeps one refe
 env (default or name) on what it built and drops it when that env changes. Bad input is one
 ``UsageError`` line naming the field, and changes nothing.
 
+The flags and the cell body become a spec in ``_env_specs.py``; builds in a widget, as text
+or on a cluster are ``_env_builds.py``'s; the flags' parser is ``_magic_args.py``'s.
+
 The build shows in a ``BuildStatusWidget`` (``widget.py``) when the shell is a kernel's
 (``widgets_available``), as text lines otherwise or with ``--no-widget``; the summary
 line is printed as text either way.
@@ -19,153 +22,33 @@ line is printed as text either way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import shlex
 import sys
-import textwrap
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-import IPython.core.magic_arguments as _untyped_magic_arguments
-import yaml
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import api, session
 from ..errors import BuildError, RuntimeEnvError, SpecError
-from ..spec import RuntimeEnvSpec, merge, parse
-from ..spec.paths import resolve_path
+from ..spec import RuntimeEnvSpec
 from ..workers import envs
-from ..workers.cluster import ClusterExecutor
+from ._env_builds import (
+    agent_states,
+    build_failed,
+    build_in_widget,
+    build_on_every_node,
+    cluster_listing,
+    offer_log,
+    session_cluster,
+    show_widget,
+)
+from ._env_specs import first_line, has_flags, locked, show, spec_from_args, spec_from_body
+from ._magic_args import argument, magic_arguments, parse_argstring
 
 __all__ = ["RuntimeEnvMagics", "spec_from_args"]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-# IPython's magic_arguments is untyped; these typed doors keep mypy strict on the magic.
-_margs: Any = _untyped_magic_arguments
-
-
-class _Decorator(Protocol):
-    def __call__(self, function: _F, /) -> _F: ...
-
-
-def magic_arguments() -> _Decorator:
-    decorator: _Decorator = _margs.magic_arguments()
-    return decorator
-
-
-def argument(*args: Any, **kwargs: Any) -> _Decorator:
-    decorator: _Decorator = _margs.argument(*args, **kwargs)
-    return decorator
-
-
-def parse_argstring(magic: Any, line: str, name: str = "runtime_env") -> Any:
-    """Shell-like words (quotes removed, unlike IPython's ``arg_split``), then the flags.
-
-    ``-h``/``--help`` prints the usage and raises ``SystemExit`` (IPython's magic parsers
-    have no help flag of their own); a bad flag is a ``UsageError``.
-    """
-    try:
-        words = shlex.split(line)
-    except ValueError as exc:  # an unclosed quote
-        raise UsageError(f"{name}: {exc}") from None
-    if "-h" in words or "--help" in words:
-        print(_plain_help(magic.parser.format_help()))
-        raise SystemExit(0)
-    return magic.parser.parse_args(words)
-
-
-def _plain_help(text: str) -> str:
-    """IPython's magic help is reStructuredText (a ``::`` line, double backquotes): plain it."""
-    lines = text.strip("\n").splitlines()
-    if lines and lines[0].strip() == "::":
-        lines = lines[1:]
-    return textwrap.dedent("\n".join(lines)).strip("\n").replace("``", "`")
-
-
-def spec_from_args(args: Any, current: RuntimeEnvSpec | None) -> RuntimeEnvSpec:
-    """The new default: ``current``, then the ``--file`` spec, then the flags, merged.
-
-    Relative paths in the file are relative to the file; on the command line, to the cwd.
-    Raises ``SpecError`` naming the field.
-    """
-    spec = current
-    if args.file:
-        spec = merge(spec, parse(os.fspath(args.file)))
-    flags: dict[str, Any] = {}
-    if args.pip or args.find_links or args.no_index:
-        options = ["--no-index"] if args.no_index else []
-        for directory in args.find_links or []:
-            options += ["--find-links", resolve_path(directory)]
-        packages = args.pip
-        if packages is None:  # only index options: keep the default's requirements
-            packages = list(((spec.get("pip") if spec else None) or {}).get("packages", []))
-        flags["pip"] = {"packages": packages, "install_options": options}
-    if args.env_var:
-        flags["env_vars"] = dict(_key_value(item) for item in args.env_var)
-    if args.working_dir:
-        flags["working_dir"] = args.working_dir
-    if args.py_module:
-        flags["py_modules"] = list(args.py_module)
-    if args.no_driver_sys_path:
-        flags["driver_sys_path"] = False
-    config: dict[str, Any] = {}
-    if args.isolated:
-        config["isolated"] = True
-    if args.installer:
-        config["installer"] = args.installer
-    if args.no_eager_install:
-        config["eager_install"] = False
-    if config:
-        flags["config"] = config
-    return merge(spec, flags)
-
-
-def _key_value(item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise SpecError("env_vars", f"expected KEY=VALUE, got {item!r}")
-    return key, value
-
-
-def _first_line(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
-def show(spec: RuntimeEnvSpec | None, built: str | None = None, name: str | None = None) -> str:
-    """The default (or named) spec as YAML (what ``--file`` accepts), or a line saying there
-    is none.
-
-    ``built`` is the env id the magic last built: the spec's own id plus the notebook's
-    ``sys.path`` (``driver_sys_path``), resolved when a task is submitted.
-    """
-    if spec is None:
-        return "no default runtime env: tasks run in an environment like the kernel's"
-    text = yaml.safe_dump(spec.to_json(), sort_keys=False, default_flow_style=False)
-    what = f"runtime env {name!r}" if name else "default runtime env"
-    head = f"# {what}" + (f" (built as {built[:12]})" if built else "")
-    return f"{head}\n{text.rstrip()}"
-
-
-def spec_from_body(body: str) -> RuntimeEnvSpec:
-    """The spec a ``%%runtime_env`` cell's body (YAML or JSON) gives; ``SpecError`` naming the
-    field, or the body's line when it is not YAML. Relative paths are relative to the cwd."""
-    try:
-        data = yaml.safe_load(body)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 2}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError("", f"the cell body is not YAML or JSON{where}: {problem}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SpecError("", f"the cell body must be a mapping of fields, got {type(data).__name__}")
-    return parse(data)
 
 
 @magics_class
@@ -258,7 +141,7 @@ class RuntimeEnvMagics(Magics):
             print(f"runtime env {name!r} forgotten" if name else "default runtime env cleared")
             return
         current = api.default_runtime_env() if name is None else _named(name)
-        if cell is None and not _has_flags(line, name):
+        if cell is None and not has_flags(line, name):
             held = self._held.get(name)
             if name is not None and current is None:
                 raise UsageError(f"runtime_env: no environment named {name!r}")
@@ -274,20 +157,20 @@ class RuntimeEnvMagics(Magics):
             spec = spec_from_args(args, base)
             if args.lock:
                 unlocked = spec
-                spec = _locked(spec, args.lock)
+                spec = locked(spec, args.lock)
             elif unlocked is not None and not args.upgrade:
                 unlocked = spec_from_args(args, unlocked)  # for a later --upgrade
             else:
                 unlocked = None
         except SpecError as exc:
             # One line: some reasons (packaging's) add a caret diagram below.
-            raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
+            raise UsageError(f"runtime_env: invalid spec: {first_line(exc)}") from None
         label = f"runtime env {name!r}" if name else "default runtime env"
         if spec.config.eager_install:
             widget = not args.no_widget and self._widgets()
-            cluster = _cluster()
+            cluster = session_cluster()
             if cluster is not None:  # on every node of the cluster at once, a row each
-                _build_on_cluster(cluster, spec, name, widget=widget, background=args.background)
+                build_on_every_node(cluster, spec, name, widget=widget, background=args.background)
             elif args.background:
                 self._build_in_background(spec, name, widget=widget)
             else:
@@ -330,15 +213,15 @@ class RuntimeEnvMagics(Magics):
         client = get_client()
         try:
             if widget:
-                summary = _build_in_widget(resolved, holder)
+                summary = build_in_widget(resolved, holder)
             else:
                 summary = build_now(resolved, client, holder, sys.stdout)
         except BuildError as exc:
             # The widget, or the streamed lines, showed the output: the error says it once.
             streamed = widget or isinstance(client, EmbeddedClient)
             if not widget and not isinstance(client, EmbeddedClient):
-                _offer_log(exc)  # the server has the log: one click opens it (the widget's too)
-            raise UsageError(_build_failed(exc, name, with_tail=not streamed)) from None
+                offer_log(exc)  # the server has the log: one click opens it (the widget's too)
+            raise UsageError(build_failed(exc, name, with_tail=not streamed)) from None
         except RuntimeEnvError as exc:
             raise UsageError(f"runtime_env: {exc}") from None
         self._hold(name, summary.env_id, holder)
@@ -358,7 +241,7 @@ class RuntimeEnvMagics(Magics):
         client = get_client()
         view = None
         if widget:
-            view, handle = _show_widget(resolved.env_id)
+            view, handle = show_widget(resolved.env_id)
 
         def run() -> None:
             try:
@@ -401,10 +284,10 @@ class RuntimeEnvMagics(Magics):
         declared = envs.declared_envs()
         if not declared:
             return "no runtime envs declared (%runtime_env [--name NAME] ... declares one)"
-        cluster = _cluster()
+        cluster = session_cluster()
         if cluster is not None:
-            return _cluster_listing(cluster, declared)
-        states = _agent_states()
+            return cluster_listing(cluster, declared)
+        states = agent_states()
         rows = [("NAME", "ENV ID", "STATE")]
         for entry in declared:
             state = states.get(entry["env_id"], "not built")
@@ -413,161 +296,8 @@ class RuntimeEnvMagics(Magics):
         return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 
 
-def _cluster() -> ClusterExecutor | None:
-    """The session's executor when it runs on nodes (a Dask executor), else ``None``."""
-    executor = session.executor()
-    return executor if isinstance(executor, ClusterExecutor) else None
-
-
-def _build_on_cluster(
-    cluster: ClusterExecutor,
-    spec: RuntimeEnvSpec,
-    name: str | None,
-    *,
-    widget: bool,
-    background: bool,
-) -> None:
-    from .cluster_build import build_on_cluster
-
-    try:
-        build_on_cluster(cluster, spec, name, widget=widget, background=background)
-    except SpecError as exc:
-        raise UsageError(f"runtime_env: invalid spec: {_first_line(exc)}") from None
-    except RuntimeEnvError as exc:  # no node up, the scheduler gone ...
-        raise UsageError(f"runtime_env: {_first_line(exc)}") from None
-
-
-def _cluster_listing(cluster: ClusterExecutor, declared: list[dict[str, Any]]) -> str:
-    """``--list`` on a cluster: each env's state on the nodes."""
-    from .cluster_build import cluster_states
-
-    specs: dict[str | None, RuntimeEnvSpec] = dict(session.named_envs())
-    default = session.default_runtime_env()
-    if default is not None:
-        specs[None] = default
-    rows = [("NAME", "ENV ID", "STATE ON THE CLUSTER")]
-    for entry in declared:
-        spec = specs.get(entry["name"])
-        state = cluster_states(cluster, spec) if spec is not None else "?"
-        rows.append((entry["name"] or "(default)", entry["env_id"][:12], state))
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
-
-
-def _locked(spec: RuntimeEnvSpec, path: str) -> RuntimeEnvSpec:
-    """``spec`` with its pip/uv packages pinned to the lock file ``path``'s versions."""
-    from ..locks import locked_spec, pip_field
-
-    data = spec.to_json()
-    if pip_field(data) is None:
-        raise SpecError("--lock", "this env has no pip or uv packages to pin")
-    try:
-        with open(resolve_path(path), encoding="utf-8") as file:
-            text = file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError("--lock", f"cannot read {path}: {exc}") from None
-    return parse(locked_spec(data, text, "--lock"))
-
-
-def _has_flags(line: str, name: str | None) -> bool:
-    """More on the line than ``--name NAME``."""
-    words = shlex.split(line)
-    if name is not None:
-        for form in (["--name", name], [f"--name={name}"]):
-            for i in range(len(words) - len(form) + 1):
-                if words[i : i + len(form)] == form:
-                    del words[i : i + len(form)]
-                    break
-    return bool(words)
-
-
 def _named(name: str) -> RuntimeEnvSpec | None:
     try:
         return session.lookup(name)
     except SpecError:
         return None
-
-
-def _offer_log(exc: BuildError) -> None:
-    """A "View log" link above a failed build's error, for a build of the server's agent: the
-    JupyterLab extension opens the whole log in a tab (``runtimeenv:view-log``); elsewhere the
-    text form names the log's path."""
-    import html
-    import json
-
-    import IPython.display
-
-    display: Any = IPython.display.display  # untyped
-    if not exc.env_id:
-        return
-    args = html.escape(json.dumps({"env_id": exc.env_id}), quote=True)
-    where = f" at {html.escape(exc.where)}" if exc.where else ""
-    link = (
-        f'<a href="#" data-commandlinker-command="runtimeenv:view-log"'
-        f' data-commandlinker-args="{args}" title="Open the whole build log"'
-        ' style="color:var(--jp-content-link-color, #1976d2)">View log</a>'
-    )
-    text = f"the build of {exc.env_id[:12]} failed{where}"
-    display(
-        {
-            "text/html": f"<span>{html.escape(text)} &middot; {link}</span>",
-            "text/plain": f"{text}; the whole log: {exc.log_path}" if exc.log_path else text,
-        },
-        raw=True,
-    )
-
-
-def _build_failed(exc: BuildError, name: str | None, *, with_tail: bool) -> str:
-    """The ``UsageError`` of a failed build: the whole error when nothing showed its output,
-    else one line (the widget or the streamed lines told the message already)."""
-    from .progress import kept
-
-    if with_tail:
-        return f"runtime_env: build failed ({kept(name)}): {exc}"
-    where = f" at {exc.where}" if exc.where else ""
-    log = f"; the whole log: {exc.log_reference}" if exc.log_path else ""
-    return f"runtime_env: build failed{where}: {kept(name)}{log}"
-
-
-def _agent_states() -> dict[str, str]:
-    """env id -> state, from the agent (empty if it cannot be asked)."""
-    from ..client import get_client
-
-    client = get_client()
-    found: list[dict[str, Any]] = []
-
-    def ask() -> None:
-        with contextlib.suppress(RuntimeEnvError, OSError):
-            found.extend(asyncio.run(client.status()))
-
-    thread = threading.Thread(target=ask, name="runtime-env-status", daemon=True)
-    thread.start()
-    thread.join(30)
-    return {str(e.get("env_id")): str(e.get("state")) for e in found}
-
-
-def _show_widget(env_id: str) -> tuple[Any, Any]:
-    import IPython.display
-
-    from ..client import EmbeddedClient, get_client
-    from .widget import BuildStatusWidget
-
-    widget = BuildStatusWidget(env_id)
-    # The server's agent builds it: the JupyterLab extension can open its log.
-    widget.view_log = not isinstance(get_client(), EmbeddedClient)
-    display: Any = IPython.display.display  # untyped
-    return widget, display(widget, display_id=True)
-
-
-def _build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
-    """``build_now`` shown in a ``BuildStatusWidget``, displayed now and replaced at the end by
-    its static form (text/html and text/plain: what text-only frontends and saved notebooks
-    show)."""
-    from ..client import get_client
-    from .progress import build_now
-
-    widget, handle = _show_widget(spec.env_id)
-    try:
-        return build_now(spec, get_client(), holder, sys.stdout, widget)
-    finally:
-        widget.finalize(handle)

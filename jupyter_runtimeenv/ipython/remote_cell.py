@@ -44,11 +44,11 @@ from ..spec import RuntimeEnvSpec, parse, refresh
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
+from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, prepare
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
 from ._remote_stream import CellStream, publish
 from ._remote_values import Unloadable, explain, load
-from .magics import argument, magic_arguments, parse_argstring
 
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
 

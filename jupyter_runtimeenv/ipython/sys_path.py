@@ -17,7 +17,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from .. import api
 from ..errors import SpecError
 from ..spec import merge
-from .magics import argument, magic_arguments, parse_argstring
+from ._magic_args import argument, magic_arguments, parse_argstring
 
 __all__ = ["DriverSysPathMagics"]
 
