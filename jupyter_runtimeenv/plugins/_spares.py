@@ -111,6 +111,23 @@ def drop(store: str) -> None:
 detach_hooks.append(drop)
 
 
+def _forget_in_child() -> None:
+    """A forked child has no spares thread and owns none of its parent's spares (their
+    directories are the parent's to remove): it starts with none, and fresh locks (one the
+    thread held at the fork would stay held for good)."""
+    global _lock, _changed
+    _lock = threading.Lock()
+    _changed = threading.Condition(_lock)
+    _spares.clear()
+    _seen.clear()
+    _jobs.clear()
+    _busy.clear()
+    _thread.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _take(key: _Key) -> _Spare | None:
     with _lock:
         spare = _spares.pop(key, None)

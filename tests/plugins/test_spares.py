@@ -206,3 +206,25 @@ def test_drop_removes_every_spare_of_the_store(tmp_path: Path, cache: Path) -> N
     left = [s for s in _spares.spares() if s[0] == str(_store.blob_dir(cache))]
     assert len(left) == 3
     assert len([p for p in (cache / "tmp").iterdir() if "-spare-" in p.name]) == 3
+
+
+def test_a_forked_child_has_none_of_its_parents_spares(tmp_path: Path, cache: Path) -> None:
+    """A child forked while the parent keeps a spare (and may be laying one out, holding the
+    lock) knows no spare: it would otherwise take the parent's directory, or wait for a
+    thread it does not have."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "a"})
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    for i in range(2):
+        target = tmp_path / f"v{i}"
+        target.mkdir()
+        _spares.lay_out(hashed(src, cache), cache, target, family)
+    wait_ready(family)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        ok = _spares.spares() == [] and not _spares._thread and not _spares._lock.locked()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _spares.spares() == [(str(_store.blob_dir(cache)), family, True)]
