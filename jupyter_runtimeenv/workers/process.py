@@ -395,8 +395,13 @@ class WorkerProcess:
         nothing half-read; one while it handles what it read (tens of microseconds) breaks
         the worker: the calls it answered then fail with ``BrokenWorker``."""
         window = ANSWER_WINDOW if timeout is None else min(ANSWER_WINDOW, timeout)
-        held = self.held
-        if window <= 0 or not self.ready or self._poller is None or not held or held[0] is not task:
+        if window <= 0 or not self.ready or self._poller is None:
+            return
+        try:  # one step: the reader thread may take the last call off between two
+            running = self.held[0]
+        except IndexError:
+            return
+        if running is not task:
             return
         lock = self._read_lock
         if lock._is_owned():  # type: ignore[attr-defined]  # reading already: a done-callback
