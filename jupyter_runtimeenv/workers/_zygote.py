@@ -26,8 +26,14 @@ once the control socket has been quiet for ``SPARE_AFTER`` (not while the worker
 out sets itself up); a request that finds none is forked at once, as before. The driver
 learns each spare's pid (``{"spare": pid}``, sent right after the clone), because a spare is
 its child: one never handed out exits when the template does (EOF on its socket), and the
-driver reaps it (``zygote.Template.stop``). A template SIGKILLed between a clone and that
-message leaves the driver a zombie until it exits.
+driver reaps it (``zygote.Template.stop``). A spare is cloned under a name of its own
+(``/proc/PID/comm`` ``jrespare<template pid>``, ``spare_name``) that it keeps until it is handed
+a request: a template SIGKILLed between a clone and that message (seen under a CPU hog) leaves
+a spare the driver never heard of, and the driver finds it among its children by that name
+when it stops the template (``zygote._reap_orphans``). Not covered: a worker forked for a
+request in the microseconds before a SIGKILL of the template, before it answered its pid (the
+child exits at its channel's EOF, a zombie until the driver exits); no test can hit that
+instant, and a spare's ~10 ms after every HELLO was the window a hog run found.
 
 The child then becomes what ``Popen`` plus an interpreter start would have made: a session
 leader of its own group, its stdio on the pipes, the channel on fd ``C``, the request's
@@ -93,6 +99,7 @@ class _Clone:
         if ctypes.c_int.from_address(self.tid_address).value != os.getpid():
             raise OSError("the C library's thread id is not where it says")
         self.syscall = libc.syscall
+        self.prctl = libc.prctl
         self.syscall.restype = ctypes.c_long
         self.syscall.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 5
         self.api = ctypes.pythonapi
@@ -153,10 +160,10 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         readable, _, _ = select.select(watched, [], [], timeout)
         if not readable:
             made = _clone_spare(clone)
-            if made[0] == 0:
-                return _be_spare(made[1], control)  # in the spare, once it is a worker
+            if made[0] == 0:  # in the spare, once it is a worker
+                return _be_spare(made[1], control, clone, made[2])
             if made[0] > 0:
-                spare = made
+                spare = made[0], made[1]
                 _send(control, {"spare": made[0]})
             else:  # cannot clone now: try again after the next request
                 select.select(watched, [], [])
@@ -190,26 +197,46 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         _send(control, {"pid": pid})
 
 
-def _clone_spare(clone: _Clone) -> tuple[int, socket.socket]:
-    """Clone a spare: ``(pid, our end of its socket)`` in the template, ``(0, its end)`` in
-    the spare, ``(-1, ...)`` if it could not be cloned (requests are then forked at once)."""
+def spare_name(template_pid: int) -> bytes:
+    """The name (``/proc/PID/comm``, at most 15 bytes) of a spare of ``template_pid`` until
+    it is handed a request."""
+    return f"jrespare{template_pid}".encode()[:15]
+
+
+def _set_name(clone: _Clone, name: bytes) -> None:
+    clone.prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME (this thread: the only one)
+
+
+def _clone_spare(clone: _Clone) -> tuple[int, socket.socket, bytes]:
+    """Clone a spare: ``(pid, our end of its socket, our name)`` in the template, ``(0, its
+    end, the name to take back)`` in the spare, ``(-1, ...)`` if it could not be cloned
+    (requests are then forked at once). The spare is born with ``spare_name``: a clone copies
+    the name, so there is no instant at which it lives under another."""
     ours, theirs = socket.socketpair()
+    name = ctypes.create_string_buffer(16)
+    clone.prctl(16, name, 0, 0, 0)  # PR_GET_NAME
+    _set_name(clone, spare_name(os.getpid()))
     try:
         pid = _clone_checked(clone)
     except OSError:
+        _set_name(clone, name.value)
         ours.close()
         theirs.close()
-        return -1, ours
+        return -1, ours, name.value
     if pid == 0:
         ours.close()
-        return 0, theirs
+        return 0, theirs, name.value
+    _set_name(clone, name.value)
     theirs.close()
-    return pid, ours
+    return pid, ours, name.value
 
 
-def _be_spare(sock: socket.socket, control: socket.socket) -> dict[str, Any]:
+def _be_spare(
+    sock: socket.socket, control: socket.socket, clone: _Clone, name: bytes
+) -> dict[str, Any]:
     """In a spare: make our session now, then wait for the request the template hands on
-    and become that worker (``_become_worker``); exit at EOF (the template stopped)."""
+    and become that worker (``_become_worker``, under our ``name`` again); exit at EOF (the
+    template stopped)."""
     try:
         os.setsid()
         # The template's control socket is not ours to hold (the driver must see EOF when
@@ -218,6 +245,7 @@ def _be_spare(sock: socket.socket, control: socket.socket) -> dict[str, Any]:
         received = _receive(sock)
         if received is None:
             os._exit(0)
+        _set_name(clone, name)  # a worker now: never one the driver reaps as a lost spare
         body, fds = received
         sock.close()
         request: dict[str, Any] = json.loads(body)

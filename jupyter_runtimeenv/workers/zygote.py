@@ -351,6 +351,29 @@ class Template:
                 proc.kill()
                 proc.wait()
         self._reap_spares(SPARE_REAP_WAIT)
+        if self.pid:
+            _reap_orphans(self.pid)
+
+
+def _reap_orphans(template_pid: int) -> None:
+    """Kill and reap our children still named as spares of the stopped ``template_pid``
+    (``_zygote.spare_name``): a spare cloned just before the template died, whose pid it
+    never sent. A spare handed a request takes its own name back first, so no worker is
+    ever one of them."""
+    name = f"jrespare{template_pid}"[:15]
+    children: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+                children.update(int(pid) for pid in f.read().split())
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+        except OSError:
+            continue
+        _reap(pid, SPARE_REAP_WAIT)  # it sees EOF from its dead template and exits
 
 
 def _reap(pid: int, wait: float) -> bool:
