@@ -99,6 +99,11 @@ def test_a_death_and_a_cancel_while_the_waiter_reads_still_settle(
     assert submit(pool, nap, 0.0).result(timeout=60) == "rested"
 
 
+# An interrupt that lands in a weakref callback or a finalizer run during the wait (a
+# WeakSet's _remove, seen once under a CPU hog) is not raised by Python but reported as
+# "Exception ignored", which pytest turns into a failure; it is lost as a real Ctrl-C there
+# would be, and what this test checks (no call left hanging) holds either way.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_interrupts_anywhere_in_result_leave_no_call_hanging(
     make_pool: Callable[..., Pool],
 ) -> None:
