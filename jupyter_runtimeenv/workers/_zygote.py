@@ -60,7 +60,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 #: Bytes of the length that precedes each JSON message on the control socket.
 _HEADER = struct.Struct("!I")
@@ -255,11 +255,16 @@ def _be_spare(
             for fd in fds:
                 os.close(fd)
     except BaseException as exc:  # nothing half-made may run tasks: tell, and go
-        try:
-            os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
-        finally:
-            os._exit(2)
+        _setup_failed(exc)
     return request
+
+
+def _setup_failed(exc: BaseException) -> NoReturn:
+    """In a forked child whose setup failed: say why on its stderr and exit."""
+    try:
+        os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
+    finally:
+        os._exit(2)
 
 
 def _hand_over(spare: tuple[int, socket.socket], body: bytes, fds: list[int]) -> bool:
@@ -335,10 +340,7 @@ def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socke
         try:
             _become_worker(request, fds, control, new_session=True)
         except BaseException as exc:  # nothing half-made may run tasks: tell, and go
-            try:
-                os.write(2, f"jupyter-runtimeenv: forked worker setup failed: {exc!r}\n".encode())
-            finally:
-                os._exit(2)
+            _setup_failed(exc)
     return pid
 
 
