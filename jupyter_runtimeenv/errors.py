@@ -30,8 +30,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import cloudpickle
-
 from ._exc_state import blank, describe, fields, rebuild, restore, safe_str
 from .redact import redact_text
 
@@ -336,6 +334,10 @@ class RemoteTaskError(RuntimeEnvError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The cause goes as its pieces: its class may not take ``args`` back (see _exc_state).
+        # cloudpickle is imported here, not at the top: every command of the CLI and every
+        # module of the agent imports this tree, and only a worker's error needs it.
+        import cloudpickle
+
         cause = None if self.cause is None else describe(self.cause, cloudpickle.dumps)
         return (
             _rebuild_remote_error,
@@ -346,6 +348,8 @@ class RemoteTaskError(RuntimeEnvError):
 def _rebuild_remote_error(
     function: str, remote_traceback: str, cause: dict[str, Any] | None, remote_type: str
 ) -> RemoteTaskError:
+    import cloudpickle
+
     return RemoteTaskError.wrap(
         function, remote_traceback, rebuild(cause, cloudpickle.loads)[0], remote_type
     )

@@ -10,8 +10,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from ..errors import SpecError
 from ..plugins.base import RuntimeEnvPlugin
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
@@ -88,6 +86,17 @@ def check_plain(data: Any, max_depth: int) -> None:
                 stack.append((item, f"{where}.{name}" if where else name, depth + 1))
 
 
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, its errors as ``ValueError``. yaml is imported here: an inline or
+    JSON spec (the CLI's, a kernel's) never needs it, and it is 10-20 ms of every start."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def load_spec_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML or JSON spec file; ``SpecError`` naming the file otherwise."""
     try:
@@ -95,10 +104,10 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     except files.BadFile as exc:
         raise SpecError("", str(exc)) from None
     try:
-        loaded = loads_strict(text) if path.suffix == ".json" else yaml.safe_load(text)
+        loaded = loads_strict(text) if path.suffix == ".json" else _load_yaml(text)
     except RecursionError:
         raise SpecError("", f"{str(path)!r} is nested too deeply") from None
-    except (ValueError, yaml.YAMLError) as exc:
+    except ValueError as exc:
         raise SpecError(
             "", f"{str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
         ) from exc

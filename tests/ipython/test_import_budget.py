@@ -171,3 +171,32 @@ def test_the_cli_parses_without_the_agent(argv: list[str]) -> None:
     )
     assert "usage: jupyter runtimeenv" in done.stdout
     assert "HEAVY []" in done.stdout, done.stdout
+
+
+def test_a_cli_build_of_an_inline_spec_imports_neither_yaml_nor_cloudpickle(
+    tmp_path: Path,
+) -> None:
+    """``jupyter runtimeenv build`` of inline JSON, in a fresh interpreter: yaml is imported
+    only for a YAML file, cloudpickle only to pickle a worker's error (both were imported by
+    every command: ~20-30 ms of each start). A YAML file still builds, through yaml."""
+    code = (
+        "import sys\n"
+        "from jupyter_runtimeenv import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        "print('LOADED', sorted(m for m in ('yaml', 'cloudpickle') if m in sys.modules))\n"
+        "sys.exit(code)\n"
+    )
+    env = {**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("env_vars:\n  BUDGET: yaml\n")
+    for spec, loaded in (('{"env_vars": {"BUDGET": "1"}}', "[]"), (str(spec_file), "['yaml']")):
+        done = subprocess.run(
+            [sys.executable, "-c", code, "build", "--json", spec],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"LOADED {loaded}" in done.stdout, done.stdout
