@@ -203,9 +203,7 @@ class Ours:
             self.results[f"{label} cold"] = stats(repeat(runs, cold))
             if label == "W9":
                 progress("ours W9 CLI cold")
-                self.results["W9 CLI cold"] = stats(
-                    repeat(runs, lambda i: self.cli(DATA, DATA_MODULES, 300 + i, self.fresh("uv")))
-                )
+                self.cli_rows("W9 CLI cold", runs, 300, lambda: self.fresh("uv"))
             progress(f"ours {label} warm")
             warm_cache = self.fresh("uv")
             floor_env(self.tmp, warm_cache, packages, modules=modules)
@@ -230,16 +228,20 @@ class Ours:
                     self.w3(client, warm_cache)
             if label == "W9":
                 progress("ours W9 CLI warm")
-                root = self.fresh("cli")
-                self.results["W9 CLI warm"] = stats(
-                    repeat(
-                        runs,
-                        lambda i, c=warm_cache, d=root: self.cli(DATA, DATA_MODULES, 400 + i, c, d),
-                    )
-                )
-            for key in (f"{label} CLI cold", f"{label} CLI warm"):
-                if key in self.results:
-                    self.floors[key] = self.floors[key.replace(" CLI", "")]
+                self.cli_rows("W9 CLI warm", runs, 400, lambda c=warm_cache: c, self.fresh("cli"))
+
+    def cli_rows(
+        self, key: str, runs: int, base: int, cache: Callable[[], Path], root: Path | None = None
+    ) -> None:
+        """W9 through the CLI, each run right after a run of its floor with the same uv cache
+        state (``cache()``: a new one, or the warm one): the seconds of importing pandas and
+        scikit-learn from source dominate both and move by ±0.5 s with the load, so a floor
+        measured a minute earlier, as the notebook rows' is, says little about one run."""
+        ours, floor = [], []
+        for i in range(runs):
+            floor.append(floor_env(self.tmp, cache(), DATA, modules=DATA_MODULES))
+            ours.append(self.cli(DATA, DATA_MODULES, base + i, cache(), root))
+        self.results[key], self.floors[key] = stats(ours), stats(floor)
 
     def cli(
         self,
