@@ -6,34 +6,40 @@ the agent stops, in a thread).
 
 Each env gets its own copy of its trees (what a task writes there reaches no other env:
 ``_sources.env_uri``), one hard link per file; on ext4 a link costs 20-30 us, so a tree of a
-thousand files costs 25-35 ms to lay out even when one byte of it changed. Once a source has
-been laid out twice in this process (it is being edited), a spare copy of its last version
-is laid out by a background thread in the cache's ``tmp`` directory, where no worker, env or
-other build ever sees it. The next build of that source takes the spare, renames it into its
-target and changes only what differs: files whose content or mode changed are linked anew,
-files and directories that went are removed, new ones made. Every file it keeps is checked
-as a new link's blob is (its inode is untouched: the blob's stamp, size and mode), and
-linked anew if not; so the tree is the one ``_store.materialize`` would have made. A spare
-still being laid out when its next build comes is waited for (what is left of it is less
-than laying the tree out whole); one not started yet is dropped.
+thousand files costs 25-35 ms to lay out even when one byte of it changed. So after each
+lay-out of a source, a spare copy of that version is laid out by a background thread in the
+cache's ``tmp`` directory, where no worker, env or other build ever sees it. The next build
+of that source takes the spare, renames it into its target and changes only what differs:
+files whose content or mode changed are linked anew, files and directories that went are
+removed, new ones made. Every file it keeps is checked as a new link's blob is (its inode
+is untouched: the blob's stamp, size and mode), and linked anew if not; so the tree is the
+one ``_store.materialize`` would have made. A spare still being laid out when its next
+build comes is waited for (what is left of it is less than laying the tree out whole); one
+not started yet is dropped.
 
-A spare is laid out ``DEFER_S`` after the build that made its version: made at once, its
-links competed with the new env's first task for the cores (W5 one byte in one process, rep
-by rep, at load 9: the build 41 -> 25 ms, the rest of the first task 28 -> 44 ms); a tenth
-of a second later they do not (the whole first task 56 vs 107 ms without spares).
+When is a spare laid out: at once if a core is free when its build ends (``_idle``: fewer
+runnable threads on the machine than cores), else ``DEFER_S`` later. Under load, made at
+once, its links competed with the new env's first task for the cores (W5 one byte in one
+process, rep by rep, at load 9: the build 41 -> 25 ms, the rest of the first task 28 -> 44
+ms); a tenth of a second later they do not (the whole first task 56 vs 107 ms without
+spares). On a free core it is ready for an edit that follows its build within ~30 ms (a
+notebook's next cell; ``benchmarks/run.py``'s W5 one byte edits ~50 ms after the last build).
+The first lay-out of a source gets a spare too: the first edit is the one a user waits for
+first, and a spare is links only (no data; ``MAX_SPARES`` per process).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _blobs
+from ._blobs import BLOB_MTIME_NS
 from ._hashing import Tree
 from ._store import blob_dir, by_dir, detach_hooks, materialize, open_dir, place
 
@@ -41,8 +47,8 @@ __all__ = ["DEFER_S", "MAX_SPARES", "drop", "lay_out", "spares"]
 
 #: Spares kept per process (each is a directory of links: inodes of the blobs, no data).
 MAX_SPARES = 8
-_SEEN_MAX = 256
-#: How long after a build its spare is laid out: the new env's first task goes first.
+#: How long after a build its spare is laid out when no core is free: the new env's first
+#: task goes first.
 DEFER_S = 0.1
 #: How long a build waits for the spare being laid out for it before laying out its own.
 _WAIT_S = 60.0
@@ -66,7 +72,6 @@ class _Spare:
 _lock = threading.Lock()
 _changed = threading.Condition(_lock)
 _spares: dict[_Key, _Spare] = {}  # oldest first
-_seen: dict[_Key, None] = {}
 _jobs: list[_Spare] = []  # to lay out (not dropped) or to remove (dropped)
 _busy: list[_Spare] = []  # the one the thread works on
 _thread: list[threading.Thread] = []
@@ -75,8 +80,8 @@ _thread: list[threading.Thread] = []
 def lay_out(tree: Tree, cache_root: Path, target: Path, family: str) -> int:
     """Lay ``tree`` out at ``target`` (an empty directory), from the spare of ``family``
     (its source) when there is one; returns bytes newly stored. Raises what
-    ``_store.materialize`` raises. If ``family`` was laid out before in this process, a
-    spare of ``tree`` is then made in the background for its next version."""
+    ``_store.materialize`` raises. A spare of ``tree`` is then made in the background for
+    the next version of ``family``."""
     key = (str(blob_dir(cache_root)), family)
     stored: int | None = None
     spare = _take(key)
@@ -119,7 +124,6 @@ def _forget_in_child() -> None:
     _lock = threading.Lock()
     _changed = threading.Condition(_lock)
     _spares.clear()
-    _seen.clear()
     _jobs.clear()
     _busy.clear()
     _thread.clear()
@@ -142,14 +146,10 @@ def _take(key: _Key) -> _Spare | None:
 
 
 def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
+    due = time.monotonic() + (0.0 if _idle() else DEFER_S)
     with _lock:
-        if key not in _seen:
-            _seen[key] = None
-            while len(_seen) > _SEEN_MAX:
-                del _seen[next(iter(_seen))]
-            return
         name = f"{os.getpid()}-spare-{uuid.uuid4().hex[:12]}"  # swept with this pid
-        spare = _Spare(key, cache_root, cache_root / "tmp" / name, tree, time.monotonic() + DEFER_S)
+        spare = _Spare(key, cache_root, cache_root / "tmp" / name, tree, due)
         old = _spares.pop(key, None)
         if old is not None:
             _discard(old)
@@ -158,6 +158,18 @@ def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
         while len(_spares) > MAX_SPARES:
             _discard(_spares.pop(next(iter(_spares))))
         _start()
+
+
+def _idle() -> bool:
+    """Whether a core is free now: fewer runnable threads on the machine (this one among
+    them) than cores, as the kernel counts them at this instant (``/proc/loadavg``'s fourth
+    field; the load averages lag by seconds). Unknown: not free."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            runnable = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return runnable < (os.cpu_count() or 1)
 
 
 def _discard(spare: _Spare) -> None:
@@ -239,12 +251,12 @@ def _update(old_tree: Tree, tree: Tree, store: str, target: Path) -> int:
     old = {e.rel: e for e in old_tree.entries}
     new = {e.rel: e for e in tree.entries}
     old_dirs, new_dirs = set(old_tree.dirs), set(tree.dirs)
-    valid = _blobs.valid
     stored = 0
     with open_dir(store) as store_fd, open_dir(str(target)) as root_fd:
         for rel, entry in old.items():
             now = new.get(rel)
-            if now is None or now.blob_name != entry.blob_name:
+            # ``is``: a file no event named since the last hash is the same entry object.
+            if now is not entry and (now is None or now.blob_name != entry.blob_name):
                 os.unlink(rel, dir_fd=root_fd)
         for rel_dir in reversed(old_tree.dirs):  # children first (a prefix sorts first)
             if rel_dir not in new_dirs:
@@ -256,12 +268,22 @@ def _update(old_tree: Tree, tree: Tree, store: str, target: Path) -> int:
             with open_dir(rel_dir, root_fd) as dir_fd:
                 for entry in entries:
                     was = old.get(entry.rel)
-                    if was is not None and was.blob_name == entry.blob_name:
-                        base = os.path.basename(entry.rel)
+                    if was is entry or (was is not None and was.blob_name == entry.blob_name):
+                        base = entry.rel.rpartition("/")[2]
                         # The inode this spare linked: another env's task may have written
                         # through its own link to it since (then it is no blob any more).
-                        if valid(os.lstat(base, dir_fd=dir_fd), entry.size, entry.mode):
+                        st = os.lstat(base, dir_fd=dir_fd)
+                        if (
+                            st.st_mtime_ns == BLOB_MTIME_NS
+                            and st.st_size == entry.size
+                            and st.st_mode == _REGULAR | entry.mode
+                        ):
                             continue
                         os.unlink(base, dir_fd=dir_fd)
                     stored += place(entry, store, store_fd, dir_fd, target)
     return stored
+
+
+#: A regular file's type bits: with a blob's mode, the whole st_mode of an untouched blob
+#: (``_blobs.valid``, inlined: it runs once per kept file).
+_REGULAR = stat.S_IFREG

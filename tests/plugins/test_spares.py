@@ -95,9 +95,9 @@ def test_each_version_is_the_tree_a_whole_lay_out_makes(
     family = f"0:{src}"
     _hashing.forget_stat_cache()
     versions = [
-        {},  # the first lay-out of the source: no spare is made yet
-        {"pkg/m1.py": "# changed\n"},  # the second: whole, and a spare of it is made
-        {  # the third, from the spare: every kind of difference
+        {},  # the first lay-out of the source: whole (no spare yet), and a spare is made
+        {"pkg/m1.py": "# changed\n"},  # the second, from the spare of the first
+        {  # the third, from the spare of the second: every kind of difference
             "pkg/m2.py": "# changed too\n",
             "gone/a.txt": None,  # a file and its directory go
             "f": None,  # a file becomes a directory
@@ -115,7 +115,7 @@ def test_each_version_is_the_tree_a_whole_lay_out_makes(
             os.chmod(src / "run.sh", 0o755)  # the mode changes too
         time.sleep(0.01)
         tree = hashed(src, cache)
-        if i >= 2:
+        if i >= 1:
             wait_ready(family)
         made = counting_links(monkeypatch)
         target = tmp_path / f"v{i}"
@@ -128,10 +128,10 @@ def test_each_version_is_the_tree_a_whole_lay_out_makes(
         for entry in tree.entries:  # links to the blobs, as a whole lay-out makes them
             blob = Path(_store.blob_path(cache, entry.blob_name))
             assert (target / entry.rel).stat().st_ino == blob.stat().st_ino
-        if i < 2:
+        if i == 0:
             assert len(made) == len(tree.entries)
         else:  # only what differs is linked
-            changed = {2: 4, 3: 0, 4: 1}[i]
+            changed = {1: 1, 2: 4, 3: 0, 4: 1}[i]
             assert len(made) == changed, made
 
 
@@ -185,6 +185,40 @@ def test_a_spare_that_cannot_be_updated_gives_a_whole_lay_out(tmp_path: Path, ca
         "d/b.txt": ("b changed", 0o444, 0),
     }
     assert not spare.exists()
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_spare_is_due_at_once_only_when_a_core_is_free(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, idle: bool
+) -> None:
+    """After a lay-out (the first of its source too) a spare is laid out at once when a core
+    is free, and ``DEFER_S`` later when none is: its links then wait for the env's first
+    task."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "a"})
+    family = f"0:{src}"
+    monkeypatch.setattr(_spares, "_idle", lambda: idle)
+    before = time.monotonic()
+    target = tmp_path / "v0"
+    target.mkdir()
+    _spares.lay_out(hashed(src, cache), cache, target, family)
+    with _spares._lock:
+        spare = _spares._spares[(str(_store.blob_dir(cache)), family)]
+    if idle:
+        assert spare.due <= time.monotonic()
+    else:
+        assert spare.due >= before + _spares.DEFER_S
+    wait_ready(family)
+
+
+def test_a_core_is_free_when_fewer_threads_than_cores_are_runnable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_idle`` reads the kernel's count of runnable threads, which counts the caller."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert not _spares._idle()  # this thread runs: no core of one is free
+    monkeypatch.setattr(os, "cpu_count", lambda: 1 << 30)
+    assert _spares._idle()
 
 
 def test_drop_removes_every_spare_of_the_store(tmp_path: Path, cache: Path) -> None:
