@@ -203,6 +203,7 @@ class RuntimeEnvExtension(ExtensionApp):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._known_kernels: set[str] = set()
         self._states: dict[str, str] = {}
+        self._state_counts: dict[str, int] = {}  # kept with _states: GET status is O(1)
         logger = self.server.event_logger
         assert logger is not None  # ServerApp.initialize made it before loading extensions
         logger.register_event_schema(SCHEMA_PATH)
@@ -329,11 +330,10 @@ class RuntimeEnvExtension(ExtensionApp):
         return self._started and not self._stopped
 
     def state_counts(self) -> dict[str, int]:
-        """How many envs this server saw in each state; from memory (no I/O, for GET status)."""
-        counts: dict[str, int] = {}
-        for state in self._states.values():
-            counts[state] = counts.get(state, 0) + 1
-        return counts
+        """How many envs this server saw in each state; from memory (no I/O, for GET status).
+        Kept up to date by ``_track_state``, not counted per request: with 10,000 stored envs
+        counting made GET status 6x slower than with 10 (the scaling curve ``envs``)."""
+        return dict(self._state_counts)
 
     def _envs_used(self, env_ids: list[str]) -> None:
         """Tasks ran in ``env_ids`` (a kernel's report says so): a use of each, for the
@@ -359,10 +359,18 @@ class RuntimeEnvExtension(ExtensionApp):
     def _track_state(self, event: Event) -> None:
         if event.kind != "state":
             return
-        if event.data.get("removed"):
-            self._states.pop(event.env_id, None)
-        else:
-            self._states[event.env_id] = str(event.data.get("state"))
+        counts = self._state_counts
+        old = self._states.pop(event.env_id, None)
+        if old is not None:
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
+                del counts[old]
+        if not event.data.get("removed"):
+            new = str(event.data.get("state"))
+            self._states[event.env_id] = new
+            counts[new] = counts.get(new, 0) + 1
 
     # -- kernels --------------------------------------------------------------------------
 

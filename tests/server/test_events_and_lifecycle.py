@@ -7,6 +7,7 @@ import json
 import os
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,22 @@ async def test_events_reach_the_event_logger_and_the_websocket(
     kinds = [e["kind"] for e in mine]
     assert kinds.index("log") < len(kinds) - 1 - kinds[::-1].index("step")
     assert [e["state"] for e in from_ws if e["kind"] == "state"] == states
+
+    # GET status's counts are kept with each state event, not recounted per request: after
+    # PENDING -> BUILDING -> READY and after a removal they equal a recount of the states.
+    ext = jp_serverapp.web_app.settings["jupyter_runtimeenv"]
+
+    def recount() -> dict[str, int]:
+        return dict(Counter(ext._states.values()))
+
+    status = json.loads((await jp_fetch(*API, "status")).body)["envs"]
+    assert status == recount()
+    assert status.get("READY", 0) >= 1
+    await jp_fetch(*API, "envs", env["env_id"], method="DELETE", params={"force": "true"})
+    await asyncio.sleep(0.05)
+    assert env["env_id"] not in ext._states
+    assert ext.state_counts() == recount()
+    assert sum(ext.state_counts().values()) == len(ext._states)
 
 
 @pytest.mark.slow
