@@ -9,6 +9,7 @@ This script takes the CLI's part apart, interleaving ours and the floor rep by r
 change of load hits both, and gives each row's wall time (median) and the CPU time of the
 processes it ran (user + sys of the children, median), which the load inflates less:
 
+- ``jupyter runtimeenv --help`` through jupyter's own dispatcher: the command line answering.
 - ``ready``: ``jupyter-runtimeenv build --json SPEC`` of an env already in the cache: the
   command's start, its imports, opening the cache, parsing the spec, finding the env READY,
   printing it, exiting; target ≤ 100 ms. Floors: ``python -c pass`` and ``python -c "import
@@ -41,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import DEVNULL
 
 from _common import DATA, DATA_MODULES, compile_package, pinned, progress, wheelhouse
 from bench_packages import imports_argv
@@ -132,12 +134,19 @@ class Bench:
             self.cli(version, spec, root, uv)  # the env is in the cache from now on
         argv = [sys.executable, "-c", "pass"]
         modules = [sys.executable, "-c", "import asyncio, sqlite3, json"]
+        help_argv = [str(Path(sys.executable).parent / "jupyter"), "runtimeenv", "--help"]
         for _ in range(reps):
             for version in self.versions:
                 self.add(
                     f"ready {version}", measured(lambda v=version: self.cli(v, spec, root, uv))
                 )
             self.add("ready floor: python -c pass", measured(lambda: subprocess.run(argv)))
+            for version in self.versions:  # the command line's answer, through jupyter's own
+                env = self.environ(version)
+                self.add(
+                    f"jupyter runtimeenv --help: {version}",
+                    measured(lambda e=env: subprocess.run(help_argv, env=e, stdout=DEVNULL)),
+                )
             self.add(
                 "ready floor: + asyncio, sqlite3, json", measured(lambda: subprocess.run(modules))
             )
