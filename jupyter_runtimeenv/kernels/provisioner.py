@@ -28,8 +28,9 @@ from traitlets import Dict
 from ..client import get_client
 from ..context import SYS_PATH_VAR, EnvContext, compose, process_env
 from ..errors import RuntimeEnvError
-from ..server.app import kernel_holder, local_agent
+from ..server.app import local_agent
 from ..server.client import KERNEL_ID_VAR
+from ..server.holders import kernel_holder
 from ..spec import TRUSTED
 from .command import kernel_command
 

@@ -26,14 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import signal
 import tempfile
 import threading
 from typing import Any
 
-import psutil
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
 from traitlets import Float, Int, List, Unicode
@@ -50,49 +48,21 @@ from ..workers import stops
 from .cluster import cluster_handlers
 from .events import KERNEL_SCHEMA_PATH, SCHEMA_ID, SCHEMA_PATH, EventForwarder
 from .handlers import API_PREFIX, SETTINGS_KEY, default_handlers
+from .holders import (
+    KERNEL_HOLDER_PREFIX,
+    holder_process,
+    holds_for_kernel,
+    kernel_holder,
+    process_gone,
+)
 from .kernels import WORKERS_SCHEMA_ID, WORKERS_SCHEMA_PATH, KernelReports
 from .panel import panel_handlers
 from .subscribe import DEFAULT_BUFFER_BYTES, BoundedSubscribeWebsocket
 from .subscribe import SETTINGS_KEY as EVENTS_BUFFER_KEY
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
-KERNEL_HOLDER_PREFIX = "kernel:"
 
 _current: RuntimeEnvExtension | None = None
-
-
-def kernel_holder(kernel_id: str) -> str:
-    """The holder under which references taken for kernel ``kernel_id`` are recorded."""
-    return f"{KERNEL_HOLDER_PREFIX}{kernel_id}"
-
-
-def holds_for_kernel(holder: str, kernel_id: str) -> bool:
-    base = kernel_holder(kernel_id)
-    return holder == base or holder.startswith(base + "/")
-
-
-#: ``<kind>:<pid>:...``: a holder a kernel's process took for itself (see ``ServerClient``).
-_PROCESS_HOLDER = re.compile(r"(?P<kind>[A-Za-z_][A-Za-z0-9_.-]*):(?P<pid>[0-9]{1,10}):")
-
-
-def holder_process(holder: str, kernel_id: str) -> int | None:
-    """The pid of the kernel process that took ``holder`` (``kernel:<id>/pool:<pid>:...``);
-    None for the kernel's own holder and for holders that name no process."""
-    base = kernel_holder(kernel_id) + "/"
-    if not holder.startswith(base):
-        return None
-    found = _PROCESS_HOLDER.match(holder, len(base))
-    return int(found.group("pid")) if found else None
-
-
-def process_gone(pid: int) -> bool:
-    """Whether ``pid`` is gone (a zombie is gone; one we may not look at is not)."""
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, ValueError):
-        return True
-    except psutil.AccessDenied:
-        return False
 
 
 async def local_agent() -> RuntimeEnvAgent | None:
