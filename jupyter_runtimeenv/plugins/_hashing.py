@@ -32,6 +32,7 @@ from pathlib import Path
 from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
 from ..spec.patterns import check_list
 from . import _blobs, _statcache, _watch
+from ._layout import Layer, LayOut
 from ._walk import Dirty, Found, Kept, Listing, Walk, matcher
 
 #: Never part of a working_dir or py_module, whatever the spec says.
@@ -45,6 +46,7 @@ _THREADS_FROM = 32
 __all__ = [
     "DEFAULT_EXCLUDES",
     "FileEntry",
+    "LayOut",
     "Tree",
     "blob_mode",
     "forget_stat_cache",
@@ -206,6 +208,7 @@ def hash_tree(
     field: str = "",
     hint: str = "",
     store: str | Path | None = None,
+    lay_out: LayOut | None = None,
 ) -> Tree:
     """Hash the directory ``root`` (or a single file) after excludes and ``.gitignore``.
 
@@ -214,18 +217,19 @@ def hash_tree(
     followed (their content is what the worker will read); symlinks to directories are not
     (they could loop or leave the tree). Over ``limit`` bytes: ``SpecError`` naming
     ``field`` (``hint`` ends its advice), raised as soon as the walk has counted that much.
-    With ``store`` (a blob directory), content read here is stored there from the same read.
+    With ``store`` (a blob directory), content read here is stored there from the same read,
+    and a tree read whole is laid out at ``lay_out`` (``LayOut``) while it is.
     """
     root = os.path.abspath(root)
     memo_key = (root, tuple(excludes), prefix)
     while True:
         known = _trees.get(memo_key)
         if known is None:
-            return _hash_tree(memo_key, None, limit, field, hint, store)
+            return _hash_tree(memo_key, None, limit, field, hint, store, lay_out)
         with known.lock:  # one hash of a tree at a time: the next one then reuses its work
             if known.superseded:
                 continue  # replaced while this call waited: look again
-            return _hash_tree(memo_key, known, limit, field, hint, store)
+            return _hash_tree(memo_key, known, limit, field, hint, store, lay_out)
 
 
 def _hash_tree(
@@ -235,6 +239,7 @@ def _hash_tree(
     field: str,
     hint: str,
     store: str | Path | None,
+    lay_out: LayOut | None = None,
 ) -> Tree:
     root, excludes, prefix = memo_key
     before: _Memo | None = None
@@ -301,10 +306,11 @@ def _hash_tree(
             entries.append(None)
             todo.append(item)
     blobs = None if store is None else str(store)
+    whole = lay_out if len(todo) == len(found) else None  # every file is read here
     new = iter(
         FileEntry(rel, path, blob_mode(st_mode), key[2], sha)
         for (rel, path, key, st_mode), sha in zip(
-            todo, _hash_all(todo, walk.stats, blobs), strict=True
+            todo, _hash_all(todo, walk.stats, blobs, whole), strict=True
         )
     )
     done = tuple(entry or next(new) for entry in entries)
@@ -376,30 +382,65 @@ def _drop(memo: _Memo) -> None:
         memo.watch.close()
 
 
-def _hash_all(found: list[Found], stats: dict[str, os.stat_result], store: str | None) -> list[str]:
+def _hash_all(
+    found: list[Found],
+    stats: dict[str, os.stat_result],
+    store: str | None,
+    lay_out: LayOut | None = None,
+) -> list[str]:
     """The sha256 of each file of ``found`` (from the stat cache, else read) whose stat is
-    in ``stats`` (the walk's): every file a walk did not stat again was known before."""
+    in ``stats`` (the walk's): every file a walk did not stat again was known before. With
+    ``lay_out`` and every file to be read, each is linked there as it is stored."""
     sts = [stats.get(path) or os.stat(path) for _, path, _, _ in found]
     shas: list[str | None] = [
         _statcache.lookup(path, st) for (_, path, _, _), st in zip(found, sts, strict=True)
     ]
     todo = [i for i, sha in enumerate(shas) if sha is None]
+    layer = None
+    if lay_out is not None and store is not None and len(todo) == len(found) >= _THREADS_FROM:
+        layer = Layer.make(lay_out.path, store, [f[0] for f in found], _threads())
 
     def run(indices: Sequence[int]) -> None:
-        for i in indices:
-            path, st = found[i][1], sts[i]
-            shas[i] = _hash_one(path, st, store, blob_mode(st.st_mode))
+        ok = False
+        try:
+            for i in indices:
+                path, st = found[i][1], sts[i]
+                mode = blob_mode(st.st_mode)
+                shas[i] = sha = _hash_one(path, st, store, mode)
+                if layer is not None:
+                    layer.link(found[i][0], blob_name(sha, mode))
+            ok = True
+        finally:
+            if layer is not None:
+                layer.release(ok)
 
-    if len(todo) < _THREADS_FROM:
-        run(todo)
-    else:
-        # sha256 and file I/O release the GIL: files are read, hashed and stored on
-        # several cores at once. Interleaved slices keep large and small files mixed.
-        n = _threads()
-        list(_pool().map(run, [todo[k::n] for k in range(n)]))
-    done = [sha for sha in shas if sha is not None]
-    if len(done) != len(found):  # a thread failed without raising: never a partial tree
-        raise RuntimeError("hashing left files without a digest")
+    ok = False
+    try:
+        if len(todo) < _THREADS_FROM:
+            run(todo)
+        else:
+            # sha256 and file I/O release the GIL: files are read, hashed and stored on
+            # several cores at once. Interleaved slices keep large and small files mixed.
+            n = _threads()
+            futures = []
+            try:
+                for k in range(n):
+                    futures.append(_pool().submit(run, todo[k::n]))
+            finally:
+                for _ in range(n - len(futures)):  # never submitted: never lets go itself
+                    if layer is not None:
+                        layer.release(False)
+            for future in futures:
+                future.result()
+        done = [sha for sha in shas if sha is not None]
+        if len(done) != len(found):  # a thread failed without raising: never a partial tree
+            raise RuntimeError("hashing left files without a digest")
+        ok = True
+    finally:
+        if layer is not None and lay_out is not None:
+            # The last of this call and its threads to let go closes it (removing it unless
+            # all went well): a slice still running after an interrupt links into it safely.
+            lay_out.done = layer.release(ok)
     return done
 
 

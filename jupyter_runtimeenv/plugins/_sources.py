@@ -25,7 +25,8 @@ from ..spec.ray import gcs_uri_reason
 from . import _downloads, _remote
 from ._fetch import fetch
 from ._hashing import Tree, hash_file, hash_tree
-from ._spares import lay_out
+from ._layout import LayOut
+from ._spares import adopt, lay_out, new_layout
 from ._store import blob_dir, default_store
 from ._unpack import check_zip, flatten_single_dir, safe_unzip
 from ._untar import TAR_SUFFIXES, is_tar, safe_untar
@@ -138,14 +139,27 @@ def tree_of(
     limit: int | None = None,
     field: str = "",
     store: str | None = None,
+    lay_out: LayOut | None = None,
 ) -> Tree:
     """The hashed tree at ``location``; over ``limit`` bytes a ``SpecError`` naming ``field``,
-    as soon as the walk has counted that much. ``store``: see ``hash_tree``."""
+    as soon as the walk has counted that much. ``store``, ``lay_out``: see ``hash_tree``."""
     prefix = os.path.basename(location.rstrip(os.sep)) if keep_name else ""
     hint = f", or raise the limit (${MAX_BYTES_VAR})"
     return hash_tree(
-        location, excludes, prefix=prefix, limit=limit, field=field, hint=hint, store=store
+        location,
+        excludes,
+        prefix=prefix,
+        limit=limit,
+        field=field,
+        hint=hint,
+        store=store,
+        lay_out=lay_out,
     )
+
+
+def family_of(location: str, keep_name: bool) -> str:
+    """The family a spare is kept for: this source, as its field lays it out."""
+    return f"{int(keep_name)}:{location}"
 
 
 # The digest ``identity`` computed last for a source: ``uris`` reuses it, so the resource
@@ -204,14 +218,22 @@ def _digest(
             return f"{kind}:{hash_file(location)}"
         except BadFile as exc:  # a FIFO named app.zip, a device: never read
             raise SpecError(field, str(exc)) from None
-    # One pass: what is read to hash it goes into the store of this process's agent, so
-    # that the build only links (see ``_store.attach``).
+    # One pass: what is read to hash it goes into the store of this process's agent, and a
+    # tree read whole is laid out as it is (the source's spare, which its build takes).
+    store = default_store()
+    layout = None if store is None else new_layout(store)
     try:
         tree = tree_of(
-            location, excludes, keep_name, limit=limit, field=field, store=default_store()
+            location, excludes, keep_name, limit=limit, field=field, store=store, lay_out=layout
         )
+        if store is not None and layout is not None and layout.done:
+            adopt(store, family_of(location, keep_name), tree, layout)
     except (PatternError, BadFile) as exc:  # a .gitignore past its bounds, a FIFO, /proc
         raise SpecError(field, str(exc)) from None
+    except BaseException:
+        if layout is not None and layout.done:  # made, never adopted: nobody else removes it
+            shutil.rmtree(layout.path, ignore_errors=True)
+        raise
     _trees[tree.digest] = tree
     while len(_trees) > 16:
         _trees.pop(next(iter(_trees)))
@@ -305,8 +327,7 @@ async def create(
         )
         if f"tree:{tree.digest}" != expected:
             raise BuildError(f"{location} changed after the spec was parsed; parse the spec again")
-    # The family a spare is kept for: this source, as this field lays it out.
-    family = f"{int(keep_name)}:{location}"
+    family = family_of(location, keep_name)
     stored = await build.to_thread(lay_out, tree, build.cache_root, target, family)
     build.log(
         f"{location}: {len(tree.entries)} files, {_mb(tree.size)};"

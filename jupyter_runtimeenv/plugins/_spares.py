@@ -1,8 +1,9 @@
 """Spare trees: the next version of a code tree laid out as the difference from the last.
 
 Who calls it: ``_sources.create`` (``working_dir``, ``py_modules``: ``lay_out``, in a build
-thread) and the undo of ``_store.attach`` (``drop``, through ``_store.detach_hooks``, when
-the agent stops, in a thread).
+thread), ``_sources.digest`` (``new_layout``/``adopt``: a new tree laid out while it was
+hashed at parse, ``_layout``, becomes its source's spare) and the undo of ``_store.attach``
+(``drop``, through ``_store.detach_hooks``, when the agent stops, in a thread).
 
 Each env gets its own copy of its trees (what a task writes there reaches no other env:
 ``_sources.env_uri``), one hard link per file; on ext4 a link costs 20-30 us, so a tree of a
@@ -41,9 +42,10 @@ from pathlib import Path
 
 from ._blobs import BLOB_MTIME_NS
 from ._hashing import Tree
+from ._layout import LayOut
 from ._store import blob_dir, by_dir, detach_hooks, materialize, open_dir, place
 
-__all__ = ["DEFER_S", "MAX_SPARES", "drop", "lay_out", "spares"]
+__all__ = ["DEFER_S", "MAX_SPARES", "adopt", "drop", "lay_out", "new_layout", "spares"]
 
 #: Spares kept per process (each is a directory of links: inodes of the blobs, no data).
 MAX_SPARES = 8
@@ -91,6 +93,34 @@ def lay_out(tree: Tree, cache_root: Path, target: Path, family: str) -> int:
         stored = materialize(tree, cache_root, target)
     _offer(key, tree, cache_root)
     return stored
+
+
+def new_layout(store: str) -> LayOut:
+    """Where ``hash_tree`` may lay a tree of the blob directory ``store`` out while it
+    hashes it (``_layout``): a new spare's name in its cache's ``tmp``."""
+    cache_root = Path(store).parent.parent  # blob_dir(cache_root) is <root>/shared/blobs
+    return LayOut(str(cache_root / "tmp" / _spare_name()))
+
+
+def adopt(store: str, family: str, tree: Tree, layout: LayOut) -> None:
+    """Make ``layout`` (done: ``tree`` laid out while it was hashed) the spare of
+    ``family``: its next build takes it, as it takes any spare."""
+    cache_root = Path(store).parent.parent
+    key = (store, family)
+    spare = _Spare(key, cache_root, Path(layout.path), tree, ready=True)
+    with _lock:
+        old = _spares.pop(key, None)
+        if old is not None:
+            _discard(old)
+        _spares[key] = spare
+        while len(_spares) > MAX_SPARES:
+            _discard(_spares.pop(next(iter(_spares))))
+        if _jobs:
+            _start()
+
+
+def _spare_name() -> str:
+    return f"{os.getpid()}-spare-{uuid.uuid4().hex[:12]}"  # swept with this pid
 
 
 def spares() -> list[tuple[str, str, bool]]:
@@ -148,8 +178,7 @@ def _take(key: _Key) -> _Spare | None:
 def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
     due = time.monotonic() + (0.0 if _idle() else DEFER_S)
     with _lock:
-        name = f"{os.getpid()}-spare-{uuid.uuid4().hex[:12]}"  # swept with this pid
-        spare = _Spare(key, cache_root, cache_root / "tmp" / name, tree, due)
+        spare = _Spare(key, cache_root, cache_root / "tmp" / _spare_name(), tree, due)
         old = _spares.pop(key, None)
         if old is not None:
             _discard(old)
