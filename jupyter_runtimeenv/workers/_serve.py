@@ -7,6 +7,8 @@ Loaded by file path by the bootstrap (``_entry.py``) after HELLO's preparations,
   one at a time, in order. Before each the worker writes the call's id into its status word
   and reads what has arrived, so a CANCEL that came in time turns the call into a SKIP; the
   word is cleared once the call is answered (``protocol`` says why).
+- Between calls it waits for the next with a blocking read, or polls for it for a moment
+  first while calls come back to back and a CPU is spare (``protocol.Spin``).
 - A function comes once per worker (FUNC, by key) and is unpickled at its first call.
 - Large buffers of the arguments are views of the driver's shared memory (``shm``); large
   buffers of a result go out through this worker's own arena when the driver allows it.
@@ -127,6 +129,8 @@ class Worker:
         self.functions: dict[bytes, Any] = {}
         self.pending: deque[tuple[int, bytes, int, list[Any], bytes, int]] = deque()
         self.pending_ids: set[int] = set()
+        #: Whether to poll for the next call before blocking (``protocol.Spin``).
+        self.spin = protocol.Spin()
         self.cancelled: set[int] = set()
         self.arguments: Any = None  # shm.Mappings of the driver's segments, when first needed
         self.results: Any = None  # shm.Arena for large results, when first needed
@@ -172,7 +176,7 @@ class Worker:
             return True
         while True:
             if not pending:
-                if not reader.pump():
+                if not reader.wait(self.spin):
                     return False
                 self.absorb()
                 continue

@@ -2,7 +2,9 @@
 
 Real pools and worker processes. The waiter reads only while its call is the one the worker
 runs, and for a short window; the reader thread reads everything else. These tests show
-that the waiter does read answers, that output printed before an answer still reaches that
+that the waiter does read answers (polling for them first, on a machine with a CPU to
+spare: every test runs both ways, the machine's load injected as the file
+``protocol.spare_cpu`` reads), that output printed before an answer still reaches that
 call's target before its result, that a worker's death and a cancel from another thread
 still settle the call, and that interrupts landing anywhere in ``result()`` leave no call
 hanging and the pool working (on main before this test, one landing just after the futures'
@@ -20,16 +22,33 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import submit
 
 from jupyter_runtimeenv.errors import BrokenWorker
+from jupyter_runtimeenv.workers import protocol
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
+
+
+@pytest.fixture(autouse=True, params=["spare CPU", "busy"])
+def machine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The driver's view of the machine: with a CPU to spare (``/proc/loadavg``'s runnable
+    tasks: 1) a waiter polls for its answer; here every wait counts as back to back, so it
+    polls for its whole read window whatever the real machine's timing; busy: it blocks."""
+    path = tmp_path / "loadavg"
+    runnable = 1 if request.param == "spare CPU" else 64
+    path.write_bytes(f"0.00 0.00 0.00 {runnable}/100 1\n".encode())
+    monkeypatch.setattr(protocol, "LOADAVG", str(path))
+    monkeypatch.setattr(protocol, "_sample", (-1.0, False))
+    if request.param == "spare CPU":
+        monkeypatch.setattr(protocol, "SPIN_WINDOW", 60.0)
+    return str(request.param)
 
 
 def noop() -> None:
