@@ -1,7 +1,7 @@
 """The kernel's end of a ``%%remote`` cell's output: its lines and its displays, in order.
 
 Who calls it: ``remote_cell``, which puts a ``CellStream`` in place of ``sys.stdout`` and one
-of ``sys.stderr`` while it submits the cell's task, so that the task's output target
+of ``sys.stderr`` while it submits the cell's task (``cell_streams``), so that the task's output target
 (``OutputTarget.capture``) writes through them, from the worker's reader thread (or the
 Dask executor's event handler) in the cell's context. A ``CellStream``:
 
@@ -16,17 +16,22 @@ Dask executor's event handler) in the cell's context. A ``CellStream``:
 
 A message may arrive in pieces (a long line is forwarded in parts): its start is held back
 until its end arrives.
+
+``figure_settings`` reads the kernel's inline-figure settings the cell's worker draws with.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from ._cell_display import END, MARK
 
-__all__ = ["CellStream", "publish"]
+__all__ = ["CellStream", "cell_streams", "figure_settings", "publish"]
 
 
 def publish(message: dict[str, Any]) -> None:
@@ -120,3 +125,40 @@ def _partial_mark(text: str) -> int:
         if MARK.startswith(text[-size:]):
             return size
     return 0
+
+
+def figure_settings(shell: Any) -> dict[str, Any]:
+    """The kernel's inline-figure settings (formats, ``print_figure_kwargs``, whether
+    figures close after a cell, rc), read without importing matplotlib: the live
+    ``InlineBackend`` if matplotlib-inline is loaded, else its configuration."""
+    backend = sys.modules.get("matplotlib_inline.config")
+    if backend is not None:
+        cfg = backend.InlineBackend.instance()
+        return {
+            "formats": sorted(cfg.figure_formats),
+            "print_kwargs": dict(cfg.print_figure_kwargs),
+            "close": bool(cfg.close_figures),
+            "rc": dict(cfg.rc),
+        }
+    config = getattr(getattr(shell, "config", None), "InlineBackend", None) or {}
+    formats = config.get("figure_formats") or ["png"]
+    kwargs = {"bbox_inches": "tight", **(config.get("print_figure_kwargs") or {})}
+    return {
+        "formats": sorted(formats),
+        "print_kwargs": kwargs,
+        "close": bool(config.get("close_figures", True)),
+        "rc": dict(config.get("rc") or {}),
+    }
+
+
+@contextmanager
+def cell_streams(nonce: str, task: str) -> Iterator[tuple[CellStream, CellStream]]:
+    """While a cell's task (named ``task``) is submitted, ``sys.stdout``/``stderr`` are
+    ``CellStream``s: the task's output target captures them there (``OutputTarget.capture``)."""
+    saved = sys.stdout, sys.stderr
+    out, err = CellStream(saved[0], task, nonce), CellStream(saved[1], task)
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield out, err
+    finally:
+        sys.stdout, sys.stderr = saved

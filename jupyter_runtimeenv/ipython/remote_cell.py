@@ -30,8 +30,6 @@ import json
 import re
 import secrets
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import cloudpickle
@@ -47,7 +45,7 @@ from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
 from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, prepare
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
-from ._remote_stream import CellStream, publish
+from ._remote_stream import cell_streams, figure_settings, publish
 from ._remote_values import Unloadable, explain, load
 
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
@@ -171,7 +169,7 @@ class RemoteCellMagics(Magics):
             "filename": filename,
             "outputs": outputs,
             "nonce": nonce,
-            "figures": _figure_settings(self.shell),
+            "figures": figure_settings(self.shell),
             "quiet": code.quiet,
         }
         extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
@@ -205,7 +203,7 @@ class RemoteCellMagics(Magics):
     ) -> dict[str, Any]:
         """Run the cell's task and wait for it; interrupts, timeouts and a dead worker
         become one line saying what was lost."""
-        with _streams(request["nonce"]) as (out, err):
+        with cell_streams(request["nonce"], TASK_NAME) as (out, err):
             future = executor.submit(
                 _cell_runner.run_cell, (request,), {}, runtime_env=spec, name=TASK_NAME, **extra
             )
@@ -469,40 +467,3 @@ def _first_line(error: BaseException) -> str:
 def _quoted_name(message: str) -> str | None:
     match = _NAME_IN_MESSAGE.search(message)
     return match.group(1) if match else None
-
-
-def _figure_settings(shell: Any) -> dict[str, Any]:
-    """The kernel's inline-figure settings (formats, ``print_figure_kwargs``, whether
-    figures close after a cell, rc), read without importing matplotlib: the live
-    ``InlineBackend`` if matplotlib-inline is loaded, else its configuration."""
-    backend = sys.modules.get("matplotlib_inline.config")
-    if backend is not None:
-        cfg = backend.InlineBackend.instance()
-        return {
-            "formats": sorted(cfg.figure_formats),
-            "print_kwargs": dict(cfg.print_figure_kwargs),
-            "close": bool(cfg.close_figures),
-            "rc": dict(cfg.rc),
-        }
-    config = getattr(getattr(shell, "config", None), "InlineBackend", None) or {}
-    formats = config.get("figure_formats") or ["png"]
-    kwargs = {"bbox_inches": "tight", **(config.get("print_figure_kwargs") or {})}
-    return {
-        "formats": sorted(formats),
-        "print_kwargs": kwargs,
-        "close": bool(config.get("close_figures", True)),
-        "rc": dict(config.get("rc") or {}),
-    }
-
-
-@contextmanager
-def _streams(nonce: str) -> Iterator[tuple[CellStream, CellStream]]:
-    """While a cell's task is submitted, ``sys.stdout``/``stderr`` are ``CellStream``s: the
-    task's output target captures them there (``OutputTarget.capture``)."""
-    saved = sys.stdout, sys.stderr
-    out, err = CellStream(saved[0], TASK_NAME, nonce), CellStream(saved[1], TASK_NAME)
-    sys.stdout, sys.stderr = out, err
-    try:
-        yield out, err
-    finally:
-        sys.stdout, sys.stderr = saved
