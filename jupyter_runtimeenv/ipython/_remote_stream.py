@@ -1,9 +1,9 @@
 """The kernel's end of a ``%%remote`` cell's output: its lines and its displays, in order.
 
 Who calls it: ``remote_cell``, which puts a ``CellStream`` in place of ``sys.stdout`` and one
-of ``sys.stderr`` while it submits the cell's task (``cell_streams``), so that the task's output target
-(``OutputTarget.capture``) writes through them, from the worker's reader thread (or the
-Dask executor's event handler) in the cell's context. A ``CellStream``:
+of ``sys.stderr`` while it submits the cell's task (``cell_streams``), so that the task's
+output target (``OutputTarget.capture``) writes through them, from the worker's reader thread
+(or the Dask executor's event handler) in the cell's context. A ``CellStream``:
 
 - drops the task prefix of forwarded lines (``(run_cell pid=N) ``, a Dask node's
   ``(run_cell node=H:P pid=N) ``, and ``(run_cell) `` of the line telling the files the cell
