@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.cache import Cache
+from ..plugins import _spares
 from ..plugins._hashing import FileEntry, Tree
 from ..plugins._store import blob_dir, blob_path, materialize
 from .manifest import PREFIX, Manifest, entries_of
@@ -147,6 +148,10 @@ def orphan_blobs(cache_root: Path, keep: set[str]) -> list[tuple[float, int, Pat
 def sweep_blobs(cache: Cache, keep: set[str], max_bytes: int) -> int:
     """Delete orphan blobs, oldest first, while the cache (its resources and its orphan
     blobs) is over ``max_bytes``; returns the bytes deleted."""
+    # Spare trees (``plugins/_spares``: the next version of an edited working_dir, laid out
+    # ahead) link blobs too, so a blob only they link would never look orphaned: they are an
+    # optimisation, and go first.
+    _spares.drop(str(blob_dir(cache.root)))
     orphans = orphan_blobs(cache.root, keep)
     total = cache.total_bytes() + sum(size for _c, size, _p in orphans)
     freed = 0
