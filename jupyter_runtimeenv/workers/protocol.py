@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import _socket
 import os
+import select
 import struct
 import time
 from collections import deque
@@ -255,6 +256,7 @@ class Reader:
         self._view = memoryview(self._buf)
         self._lo = self._hi = 0
         self._ready: list[tuple[int, bytes | bytearray]] = []
+        self._incoming: select.poll | None = None  # ``arrived``'s, made at its first call
         # A frame larger than the buffer is read straight into its own bytearray.
         self._big: bytearray | None = None
         self._big_kind = 0
@@ -290,25 +292,35 @@ class Reader:
             self._parse()
         return True
 
+    def arrived(self) -> bool:
+        """Whether bytes (or EOF) are there to read: a poll, ~4x cheaper than a
+        non-blocking read that finds nothing (which raises)."""
+        incoming = self._incoming
+        if incoming is None:
+            incoming = self._incoming = select.poll()
+            incoming.register(self.sock.fileno(), select.POLLIN)
+        return bool(incoming.poll(0))
+
     def wait(self, spin: Spin) -> bool:
-        """``pump()`` that waits for the peer: with a CPU to spare, polled (non-blocking
-        reads) for a moment first while ``spin`` says frames come back to back."""
+        """``pump()`` that waits for the peer: with a CPU to spare, polled for a moment
+        first while ``spin`` says frames come back to back."""
         clock = time.perf_counter
         start = last = clock()
         if not spare_cpu(start):
             return self.pump()
         end = spin.deadline(start)
         while last < end:
-            try:
-                alive = self.pump(_socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                now = clock()
-                if now - last > PREEMPTED:
-                    break  # the CPU was taken from us: the machine has none to spare
-                last = now
-                continue
-            spin.waited(clock() - start)
-            return alive
+            if self.arrived():
+                try:
+                    alive = self.pump(_socket.MSG_DONTWAIT)
+                except BlockingIOError:  # not for us after all (another reader took it)
+                    break
+                spin.waited(clock() - start)
+                return alive
+            now = clock()
+            if now - last > PREEMPTED:
+                break  # the CPU was taken from us: the machine has none to spare
+            last = now
         alive = self.pump()
         spin.waited(clock() - start)
         return alive
