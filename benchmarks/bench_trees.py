@@ -11,7 +11,8 @@ that a loaded machine weighs on both alike:
 - ``W5 unchanged`` / ``W5 one byte``: a new pool (so a new worker) on an unchanged tree, and
   after a one-byte change; floor a python start with cloudpickle, measured just before (the
   next version of an edited tree is laid out from a spare, ``plugins/_spares.py``, made
-  ``DEFER_S`` after the build before: the python start between two edits leaves it time);
+  after the build before: at once if a core is free, else ``DEFER_S`` later; the python
+  start between two edits leaves it time);
 - ``W5 one byte, no spare``: the same, each rep right after a ``W5 one byte`` one, with the
   spares turned off in this process (the lay-out links every file, as before them);
 - ``hash first`` / ``hash again``: ``hash_tree`` of a tree never seen (storing its content),
