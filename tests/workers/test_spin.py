@@ -31,15 +31,33 @@ def cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+class SteppingClock:
+    """``time`` for ``protocol``: each ``perf_counter()`` is ``STEP`` after the last. With the
+    real clock a wait of a frame already there could last longer than ``SPIN_WINDOW`` (the
+    test preempted on a loaded machine: it failed so in a run of tests/workers at load ~10)
+    and a poll gap longer than ``PREEMPTED``; here a wait lasts as many steps as it looked."""
+
+    STEP = 2e-6  # well under PREEMPTED: never taken for a lost CPU
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += self.STEP
+        return self.now
+
+
 @pytest.fixture
 def loadavg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The file ``spare_cpu`` reads, saying the machine is idle (rewrite it to change that)."""
+    """The file ``spare_cpu`` reads, saying the machine is idle (rewrite it to change that);
+    and ``protocol``'s clock a ``SteppingClock``."""
     if cpus() < 2:
         pytest.skip("one CPU: never spins")
     path = tmp_path / "loadavg"
     path.write_bytes(IDLE)
     monkeypatch.setattr(protocol, "LOADAVG", str(path))
     monkeypatch.setattr(protocol, "_sample", (-1.0, False))
+    monkeypatch.setattr(protocol, "time", SteppingClock())
     return path
 
 
