@@ -78,7 +78,17 @@ def no_leaked_workers() -> Iterator[None]:
         zombies := [z for z in _zombie_children() if z not in zombies_before]
     ) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not zombies, f"zombie processes left behind: {zombies}"
+    # Named as the kernel keeps a zombie's name (``jrespare<pid>``: a zygote spare; a
+    # template's or a worker's python otherwise): which of them was not reaped.
+    assert not zombies, f"zombie processes left behind: {[_named(z) for z in zombies]}"
+
+
+def _named(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f"{pid} ({f.read().strip()})"
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def _zombie_children() -> list[int]:
