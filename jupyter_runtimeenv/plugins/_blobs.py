@@ -35,15 +35,21 @@ __all__ = [
     "BlobSink",
     "copy_in",
     "path_in",
+    "relative",
     "valid",
     "verify",
     "write_blob",
 ]
 
 
+def relative(name: str) -> str:
+    """The path of blob ``name`` relative to the store directory (for ``dir_fd`` calls)."""
+    return f"{name[:2]}{os.sep}{name}"
+
+
 def path_in(store: str, name: str) -> str:
     """The path of blob ``name`` in the store directory ``store``."""
-    return f"{store}{os.sep}{name[:2]}{os.sep}{name}"
+    return f"{store}{os.sep}{relative(name)}"
 
 
 def valid(st: os.stat_result, size: int, mode: int) -> bool:

@@ -18,6 +18,8 @@ import shutil
 import threading
 from dataclasses import dataclass
 
+from ._blobs import relative
+
 __all__ = ["LayOut", "Layer"]
 
 
@@ -78,7 +80,7 @@ class Layer:
         if self.failed:
             return
         try:
-            os.link(f"{name[:2]}/{name}", rel, src_dir_fd=self.store_fd, dst_dir_fd=self.root_fd)
+            os.link(relative(name), rel, src_dir_fd=self.store_fd, dst_dir_fd=self.root_fd)
         except OSError:  # another file system, too many links, no blob: no lay-out
             self.failed = True
 

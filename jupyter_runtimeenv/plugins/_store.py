@@ -161,7 +161,7 @@ def place(entry: FileEntry, store: str, store_fd: int, dir_fd: int, target: Path
     at ``target``), storing its content first if the store lacks it or holds it touched;
     returns the bytes newly stored."""
     name = entry.blob_name
-    blob = f"{name[:2]}/{name}"
+    blob = _blobs.relative(name)
     stored = 0
     try:
         ok = _blobs.valid(os.lstat(blob, dir_fd=store_fd), entry.size, entry.mode)
