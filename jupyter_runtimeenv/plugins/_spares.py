@@ -40,6 +40,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._cpuload import cpus, runnable
 from ._blobs import BLOB_MTIME_NS
 from ._hashing import Tree
 from ._layout import LayOut
@@ -190,15 +191,11 @@ def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
 
 
 def _idle() -> bool:
-    """Whether a core is free now: fewer runnable threads on the machine (this one among
-    them) than cores, as the kernel counts them at this instant (``/proc/loadavg``'s fourth
-    field; the load averages lag by seconds). Unknown: not free."""
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            runnable = int(f.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    return runnable < (os.cpu_count() or 1)
+    """Whether a core is free now (``_cpuload``'s count of this instant, uncached: asked once
+    per build). Unknown: not free."""
+    count = runnable()
+    # The count includes this thread: a core is free when fewer run than there are cores.
+    return count is not None and count < cpus()
 
 
 def _discard(spare: _Spare) -> None:

@@ -114,6 +114,7 @@ class Worker:
         shm: ModuleType,
         exc_state: Callable[[], ModuleType],
         stdio_intact: Callable[[], bool],
+        spin: Any,
     ) -> None:
         self.protocol = protocol
         self.shm = shm
@@ -130,7 +131,7 @@ class Worker:
         self.pending: deque[tuple[int, bytes, int, list[Any], bytes, int]] = deque()
         self.pending_ids: set[int] = set()
         #: Whether to poll for the next call before blocking (``protocol.Spin``).
-        self.spin = protocol.Spin()
+        self.spin = spin
         self.cancelled: set[int] = set()
         self.arguments: Any = None  # shm.Mappings of the driver's segments, when first needed
         self.results: Any = None  # shm.Arena for large results, when first needed

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
+from .._cpuload import Gauge
 from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
 from . import lifeline, protocol, stops, zygote
@@ -55,6 +56,9 @@ from .channel import Channel, prepare_socket
 from .future import Task
 from .output import OutputTarget, StreamForwarder
 
+#: This process's count of runnable tasks, for every worker's ``Spin`` (one read per
+#: ``_cpuload.EVERY`` whatever the number of workers).
+GAUGE = Gauge()
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entry.py")
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
 #: Only the cloudpickle package itself, for environments that lack it (see ``_entry``).
@@ -135,7 +139,7 @@ class WorkerProcess:
         #: What went wrong while a waiting thread read (``read_answer``): the reader reports it.
         self._broken: BaseException | None = None
         #: Whether a thread waiting for an answer polls before blocking (``protocol.Spin``).
-        self._spin = protocol.Spin()
+        self._spin = protocol.Spin(GAUGE)
 
     def __repr__(self) -> str:
         return f"<WorkerProcess pid={self.pid} ready={self.ready} held={len(self.held)}>"
@@ -443,10 +447,9 @@ class WorkerProcess:
             for fd in self._watched:
                 waiter.register(fd, select.POLLIN)
         future = task.future
-        start = time.perf_counter()
-        end = start + window
+        end = time.perf_counter() + window
         while not future.done():
-            events = self._poll(waiter, start, end)
+            events = self._poll(waiter, end)
             if not events:
                 return
             if any(mask & _HANGUP for _fd, mask in events):
@@ -477,31 +480,13 @@ class WorkerProcess:
                     return
                 raise
 
-    def _poll(self, waiter: select.poll, start: float, end: float) -> list[tuple[int, int]]:
+    def _poll(self, waiter: select.poll, end: float) -> list[tuple[int, int]]:
         """``read_answer``'s wait for what the worker sends, until ``end``: with a CPU to
         spare, polled for a moment first while its calls are answered back to back
-        (``protocol.Spin``)."""
-        clock = time.perf_counter
-        now = last = clock()
-        if now >= end:
-            return []
-        if not protocol.spare_cpu(now):
-            return waiter.poll((end - now) * 1000)
-        spin = self._spin
-        stop = min(end, spin.deadline(now))
-        events: list[tuple[int, int]] = []
-        while last < stop:
-            events = waiter.poll(0)
-            if events:
-                break
-            now = clock()
-            if now - last > protocol.PREEMPTED:
-                break  # the CPU was taken from us: the machine has none to spare
-            last = now
-        if not events:
-            events = waiter.poll(max(0.0, end - clock()) * 1000)
-        spin.waited(clock() - start)
-        return events
+        (``protocol.Spin``). Past ``end``: what is there already."""
+        return self._spin.wait(
+            lambda: waiter.poll(0) or None, lambda timeout: waiter.poll((timeout or 0.0) * 1e3), end
+        )
 
     _hello_seen = False
     _preloading = False

@@ -60,8 +60,13 @@ from collections import deque
 TYPE_CHECKING = False  # the bootstrap loads this file: no typing at run time
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
+    from typing import Protocol, TypeVar
 
     Buffer = bytes | bytearray | memoryview
+    T = TypeVar("T")
+
+    class Gauge(Protocol):
+        def least(self, now: float) -> tuple[int | None, int]: ...
 
 
 PROTOCOL_VERSION = 2
@@ -116,15 +121,10 @@ _IOV_MAX = 512
 SPIN_WINDOW = 200e-6
 #: A gap this long between two polls of a spin: the CPU was taken from us; block instead.
 PREEMPTED = 50e-6
-#: How many tasks are runnable (``spare_cpu``): Linux's ``/proc/loadavg``.
-LOADAVG = "/proc/loadavg"
-#: How long ``spare_cpu``'s answer is kept (seconds).
-_SAMPLE_EVERY = 0.02
-_sample = (-1.0, False)
 
 
 class Spin:
-    """Whether one side polls for its peer's next frame before it blocks.
+    """One side's wait for its peer's next frame: polled for a moment before it blocks.
 
     Where an idle CPU halts (a virtual machine's vCPU), waking a thread blocked in a read
     costs ~30 us (here: a raw pipe round trip takes 69 us on a quiet machine and 6 us when
@@ -132,19 +132,34 @@ class Spin:
     window (``SPIN_WINDOW``) instead catches a frame that comes soon without that wake-up.
     Only where it costs nobody:
 
-    - a CPU is spare (``spare_cpu``, checked first: on a busy machine nothing else of this
-      is done): where tasks wait for a CPU, a spinner takes one that its peer or anyone else
+    - a CPU is spare (``spare``, checked first: on a busy machine nothing else of this is
+      done): where tasks wait for a CPU, a spinner takes one that its peer or anyone else
       needs, and gives up the head start a woken sleeper gets;
     - frames come back to back: the last wait ended within the window (a call after a pause
       is followed by one window of polling at most);
     - it keeps its CPU: a gap between two polls (``PREEMPTED``) says the CPU was taken from
       it, and it blocks.
+
+    ``gauge`` is a ``_cpuload.Gauge`` (duck-typed: a worker loads that module by path, and
+    this one imports none of the package's); ``None``: never polls.
     """
 
-    __slots__ = ("back_to_back",)
+    __slots__ = ("back_to_back", "gauge")
 
-    def __init__(self) -> None:
+    def __init__(self, gauge: Gauge | None) -> None:
         self.back_to_back = False
+        self.gauge = gauge
+
+    def spare(self, now: float) -> bool:
+        """Whether a CPU is spare for polling, as the gauge read it at most its ``EVERY``
+        before ``now``."""
+        if self.gauge is None:
+            return False
+        least, cpus = self.gauge.least(now)
+        # The count includes us and our peer (running while we wait for it): polling takes a
+        # CPU, the peer needs one, and nobody else may be left waiting. One CPU: the peer
+        # needs ours.
+        return least is not None and cpus > 1 and least <= cpus
 
     def deadline(self, now: float) -> float:
         """Until when (``time.perf_counter``) to poll, a CPU being spare: ``now`` for not
@@ -155,34 +170,35 @@ class Spin:
         """The wait for a frame that began with ``deadline`` lasted ``seconds``."""
         self.back_to_back = seconds < SPIN_WINDOW
 
-
-def spare_cpu(now: float) -> bool:
-    """Whether no more tasks are runnable on this machine (ours included) than this process
-    may use CPUs, as ``LOADAVG`` said at most ``_SAMPLE_EVERY`` before ``now`` (a read of it
-    is ~3 us); ``False`` where it cannot be read, and with one CPU."""
-    global _sample
-    when, spare = _sample
-    if 0 <= now - when < _SAMPLE_EVERY:
-        return spare
-    try:
-        fd = os.open(LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 256)
-        finally:
-            os.close(fd)
-        affinity = getattr(os, "sched_getaffinity", None)
-        spare = room(data, len(affinity(0)) if affinity is not None else os.cpu_count() or 1)
-    except (OSError, ValueError, IndexError):
-        spare = False
-    _sample = (now, spare)
-    return spare
-
-
-def room(loadavg: bytes, cpus: int) -> bool:
-    """Whether ``cpus`` (more than one) run every task ``loadavg`` (``/proc/loadavg``'s
-    text: ``"0.10 0.20 0.30 2/123 4567"``, runnable/all tasks fourth) says is runnable."""
-    runnable = int(loadavg.split()[3].partition(b"/")[0])
-    return cpus > 1 and runnable <= cpus
+    def wait(
+        self,
+        check: Callable[[], T | None],
+        block: Callable[[float | None], T],
+        end: float | None = None,
+    ) -> T:
+        """Wait for what the peer sends: ``check()`` (non-blocking: ``None`` while nothing
+        came) polled while a CPU is spare and frames come back to back, then (or at once)
+        ``block(timeout)``, the blocking wait, ``timeout`` in seconds until ``end``
+        (``time.perf_counter``; ``None``: no end)."""
+        clock = time.perf_counter
+        start = last = clock()
+        if not self.spare(start):
+            return block(None if end is None else max(0.0, end - start))
+        stop = self.deadline(start)
+        if end is not None and end < stop:
+            stop = end
+        while last < stop:
+            came = check()
+            if came is not None:
+                self.waited(clock() - start)
+                return came
+            now = clock()
+            if now - last > PREEMPTED:
+                break  # the CPU was taken from us: the machine has none to spare
+            last = now
+        got = block(None if end is None else max(0.0, end - clock()))
+        self.waited(clock() - start)
+        return got
 
 
 class ProtocolError(Exception):
@@ -304,26 +320,19 @@ class Reader:
     def wait(self, spin: Spin) -> bool:
         """``pump()`` that waits for the peer: with a CPU to spare, polled for a moment
         first while ``spin`` says frames come back to back."""
-        clock = time.perf_counter
-        start = last = clock()
-        if not spare_cpu(start):
-            return self.pump()
-        end = spin.deadline(start)
-        while last < end:
-            if self.arrived():
-                try:
-                    alive = self.pump(_socket.MSG_DONTWAIT)
-                except BlockingIOError:  # not for us after all (another reader took it)
-                    break
-                spin.waited(clock() - start)
-                return alive
-            now = clock()
-            if now - last > PREEMPTED:
-                break  # the CPU was taken from us: the machine has none to spare
-            last = now
-        alive = self.pump()
-        spin.waited(clock() - start)
-        return alive
+        return spin.wait(self._came, self._block)
+
+    def _came(self) -> bool | None:
+        """``pump()`` if bytes (or EOF) are there, without blocking; ``None`` if not."""
+        if not self.arrived():
+            return None
+        try:
+            return self.pump(_socket.MSG_DONTWAIT)
+        except BlockingIOError:  # not for us after all: looked at again, then blocked for
+            return None
+
+    def _block(self, _timeout: float | None) -> bool:
+        return self.pump()
 
     def _eof(self) -> bool:
         if self._big is not None:

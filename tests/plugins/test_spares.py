@@ -214,11 +214,14 @@ def test_a_spare_is_due_at_once_only_when_a_core_is_free(
 def test_a_core_is_free_when_fewer_threads_than_cores_are_runnable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``_idle`` reads the kernel's count of runnable threads, which counts the caller."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    """``_idle`` reads the kernel's count of runnable threads (``_cpuload``), which counts the
+    caller; an unknown count is no free core."""
+    monkeypatch.setattr(_spares, "cpus", lambda: 1)
     assert not _spares._idle()  # this thread runs: no core of one is free
-    monkeypatch.setattr(os, "cpu_count", lambda: 1 << 30)
+    monkeypatch.setattr(_spares, "cpus", lambda: 1 << 30)
     assert _spares._idle()
+    monkeypatch.setattr(_spares, "runnable", lambda: None)
+    assert not _spares._idle()
 
 
 def test_drop_removes_every_spare_of_the_store(tmp_path: Path, cache: Path) -> None:

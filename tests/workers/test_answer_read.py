@@ -3,8 +3,8 @@
 Real pools and worker processes. The waiter reads only while its call is the one the worker
 runs, and for a short window; the reader thread reads everything else. These tests show
 that the waiter does read answers (polling for them first, on a machine with a CPU to
-spare: every test runs both ways, the machine's load injected as the file
-``protocol.spare_cpu`` reads), that output printed before an answer still reaches that
+spare: every test runs both ways, the machine's load injected as the file the driver's
+``_cpuload.Gauge`` reads), that output printed before an answer still reaches that
 call's target before its result, that a worker's death and a cancel from another thread
 still settle the call, and that interrupts landing anywhere in ``result()`` leave no call
 hanging and the pool working (on main before this test, one landing just after the futures'
@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from conftest import submit
 
+from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.errors import BrokenWorker
-from jupyter_runtimeenv.workers import protocol
+from jupyter_runtimeenv.workers import process, protocol
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
@@ -44,8 +45,7 @@ def machine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     path = tmp_path / "loadavg"
     runnable = 1 if request.param == "spare CPU" else 64
     path.write_bytes(f"0.00 0.00 0.00 {runnable}/100 1\n".encode())
-    monkeypatch.setattr(protocol, "LOADAVG", str(path))
-    monkeypatch.setattr(protocol, "_sample", (-1.0, False))
+    monkeypatch.setattr(process, "GAUGE", Gauge(str(path)))
     if request.param == "spare CPU":
         monkeypatch.setattr(protocol, "SPIN_WINDOW", 60.0)
     return str(request.param)

@@ -2,12 +2,13 @@
 
 Where an idle CPU halts, each wake-up of a blocked reader costs ~30 us; both sides of a
 worker's channel poll for a short window first, but only while frames come back to back and
-a CPU is spare (``spare_cpu``: fewer runnable tasks than CPUs, from ``/proc/loadavg``). The
-machine's load is injected as a ``loadavg`` file written here (a fake input, not a fake of
-the code that reads it); the reads are of a real socketpair, through a wrapper that records
-whether each read was a poll (``MSG_DONTWAIT``) or a blocking one. The driver's side with
-real workers is ``test_answer_read.py``, run both on a machine with a CPU to spare and on a
-busy one.
+a CPU is spare (``Spin.spare``: no more runnable tasks than CPUs, from ``_cpuload.Gauge``). One
+loop (``Spin.wait``) serves both sides: here with scripted checks on a stepping clock, and
+through the worker's ``Reader.wait`` on a real socketpair, through a wrapper that records
+whether each read was a poll (``MSG_DONTWAIT``) or a blocking one. The machine's load is
+injected as a ``loadavg`` file written here (a fake input, not a fake of the code that reads
+it). The driver's side with real workers is ``test_answer_read.py``, run both on a machine
+with a CPU to spare and on a busy one; the gauge itself is ``tests/test_cpuload.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.workers import protocol
-from jupyter_runtimeenv.workers.protocol import Reader, Spin, room, spare_cpu
+from jupyter_runtimeenv.workers.protocol import Reader, Spin
 
 IDLE = b"0.00 0.01 0.05 1/90 4242\n"
 BUSY = b"9.80 9.10 7.70 9/120 4242\n"
@@ -48,17 +50,36 @@ class SteppingClock:
 
 
 @pytest.fixture
-def loadavg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The file ``spare_cpu`` reads, saying the machine is idle (rewrite it to change that);
-    and ``protocol``'s clock a ``SteppingClock``."""
+def clock(monkeypatch: pytest.MonkeyPatch) -> SteppingClock:
+    """``protocol``'s clock, a ``SteppingClock``."""
+    stepping = SteppingClock()
+    monkeypatch.setattr(protocol, "time", stepping)
+    return stepping
+
+
+@pytest.fixture
+def loadavg(tmp_path: Path, clock: SteppingClock) -> Path:
+    """The file a test's ``Gauge`` reads, saying the machine is idle (a new ``Gauge`` of it
+    reads it afresh: ``spin_on``)."""
     if cpus() < 2:
         pytest.skip("one CPU: never spins")
     path = tmp_path / "loadavg"
     path.write_bytes(IDLE)
-    monkeypatch.setattr(protocol, "LOADAVG", str(path))
-    monkeypatch.setattr(protocol, "_sample", (-1.0, False))
-    monkeypatch.setattr(protocol, "time", SteppingClock())
     return path
+
+
+def spin_on(loadavg: Path) -> Spin:
+    return Spin(Gauge(str(loadavg)))
+
+
+class FixedGauge:
+    """A gauge that says ``least`` runnable tasks on ``cpus`` CPUs."""
+
+    def __init__(self, least: int | None, cpus: int) -> None:
+        self.answer = (least, cpus)
+
+    def least(self, now: float) -> tuple[int | None, int]:
+        return self.answer
 
 
 class Recording:
@@ -76,30 +97,104 @@ class Recording:
         return self.sock.recvmsg_into(buffers, ancbufsize, flags)
 
 
-def test_room_counts_runnable_tasks_against_cpus() -> None:
-    assert room(b"0.10 0.20 0.30 2/123 4567\n", 2)  # us and our peer
-    assert not room(b"0.10 0.20 0.30 3/123 4567\n", 2)  # and a third: someone would wait
-    assert room(b"3.00 2.00 1.00 4/99 1\n", 4)
-    assert not room(b"0.00 0.00 0.00 1/50 1\n", 1)  # one CPU: the peer needs ours
-    with pytest.raises(IndexError):
-        room(b"garbage", 2)
-    with pytest.raises(ValueError, match="invalid literal"):
-        room(b"0.1 0.2 0.3 x/9 1", 2)
+def test_a_cpu_is_spare_while_no_task_waits_for_one() -> None:
+    assert Spin(FixedGauge(2, 2)).spare(1.0)  # us and our peer
+    assert not Spin(FixedGauge(3, 2)).spare(1.0)  # and a third: someone would wait
+    assert Spin(FixedGauge(4, 4)).spare(1.0)
+    assert not Spin(FixedGauge(1, 1)).spare(1.0)  # one CPU: the peer needs ours
+    assert not Spin(FixedGauge(None, 8)).spare(1.0)  # unknown (not Linux): never
+    assert not Spin(None).spare(1.0)
 
 
-def test_spare_cpu_reads_the_load_and_keeps_its_answer_briefly(loadavg: Path) -> None:
-    assert spare_cpu(1000.0)
+def test_a_spin_reads_the_machine_through_its_gauge(loadavg: Path) -> None:
+    assert spin_on(loadavg).spare(1000.0)
     loadavg.write_bytes(BUSY)
-    assert spare_cpu(1000.0 + protocol._SAMPLE_EVERY / 2)  # kept: not read again yet
-    assert not spare_cpu(1000.0 + protocol._SAMPLE_EVERY * 2)  # read again
-    loadavg.write_bytes(b"not a loadavg")
-    assert not spare_cpu(1001.0)
+    assert not spin_on(loadavg).spare(1000.0)
     loadavg.unlink()
-    assert not spare_cpu(1002.0)  # unreadable (not Linux): never spins
+    assert not spin_on(loadavg).spare(1000.0)
+
+
+class Script:
+    """A check that finds nothing ``empty`` times (each look one clock step, or ``gap``
+    seconds for the look listed in ``slow``), then ``"came"``; and a block that records its
+    timeout."""
+
+    def __init__(self, clock: SteppingClock, empty: int, slow: int = -1, gap: float = 0.0):
+        self.clock, self.empty, self.slow, self.gap = clock, empty, slow, gap
+        self.looks = 0
+        self.blocked: list[float | None] = []
+
+    def check(self) -> str | None:
+        self.looks += 1
+        if self.looks == self.slow:
+            self.clock.now += self.gap
+        return "came" if self.looks > self.empty else None
+
+    def block(self, timeout: float | None) -> str:
+        self.blocked.append(timeout)
+        return "blocked"
+
+
+def test_the_one_wait_polls_back_to_back_with_a_spare_cpu(clock: SteppingClock) -> None:
+    spin = Spin(FixedGauge(1, 2))
+    script = Script(clock, empty=3)
+    # Not back to back yet: blocks at once, never looks.
+    assert spin.wait(script.check, script.block) == "blocked"
+    assert (script.looks, script.blocked) == (0, [None])
+    assert spin.back_to_back  # that wait was short (a few steps)
+    # Back to back: looks until it comes, never blocks.
+    script.blocked.clear()
+    assert spin.wait(script.check, script.block) == "came"
+    assert (script.looks, script.blocked) == (4, [])
+    assert spin.back_to_back
+
+
+def test_the_one_wait_blocks_after_its_window(clock: SteppingClock) -> None:
+    spin = Spin(FixedGauge(1, 2))
+    spin.back_to_back = True
+    never = Script(clock, empty=1 << 30)
+    end = clock.now + 1.0
+    assert spin.wait(never.check, never.block, end) == "blocked"
+    steps = protocol.SPIN_WINDOW / SteppingClock.STEP
+    assert steps / 2 <= never.looks <= steps + 2  # looked for the window (two reads a look)
+    (timeout,) = never.blocked
+    assert timeout is not None
+    assert 1.0 - 2 * protocol.SPIN_WINDOW < timeout < 1.0
+    assert not spin.back_to_back  # it waited the whole window: a pause
+    # An end before the window's: looks until then, blocks for what is left (nothing).
+    spin.back_to_back = True
+    soon = Script(clock, empty=1 << 30)
+    assert spin.wait(soon.check, soon.block, clock.now + 20 * SteppingClock.STEP) == "blocked"
+    assert 0 < soon.looks <= 20
+    assert soon.blocked == [0.0]
+
+
+def test_the_one_wait_blocks_when_its_cpu_was_taken(clock: SteppingClock) -> None:
+    spin = Spin(FixedGauge(1, 2))
+    spin.back_to_back = True
+    gap = 2 * protocol.PREEMPTED  # a lost CPU, well within the window
+    assert gap < protocol.SPIN_WINDOW / 1.5
+    taken = Script(clock, empty=1 << 30, slow=3, gap=gap)
+    assert spin.wait(taken.check, taken.block) == "blocked"
+    assert taken.looks == 3  # the third look lost the CPU for a while: no fourth
+    assert taken.blocked == [None]
+    assert spin.back_to_back  # and the block found it at once: still back to back
+
+
+def test_the_one_wait_blocks_at_once_on_a_busy_machine(clock: SteppingClock) -> None:
+    spin = Spin(FixedGauge(3, 2))
+    spin.back_to_back = True
+    script = Script(clock, empty=0)
+    end = clock.now + 0.5
+    assert spin.wait(script.check, script.block, end) == "blocked"
+    assert script.looks == 0
+    (timeout,) = script.blocked
+    assert timeout is not None
+    assert 0.5 - 4 * SteppingClock.STEP < timeout <= 0.5
 
 
 def test_a_spin_only_while_frames_come_back_to_back() -> None:
-    spin = Spin()
+    spin = Spin(None)
     assert spin.deadline(10.0) == 10.0  # nothing came yet
     spin.waited(protocol.SPIN_WINDOW / 4)
     assert spin.deadline(10.0) == 10.0 + protocol.SPIN_WINDOW
@@ -117,7 +212,7 @@ def test_a_reader_polls_while_frames_come_back_to_back(loadavg: Path) -> None:
     try:
         recording = Recording(ours)
         reader = Reader(recording)  # type: ignore[arg-type]  # reads through recvmsg_into
-        spin = Spin()
+        spin = spin_on(loadavg)
         # Not back to back yet: a blocking read.
         protocol.send_frame(theirs, protocol.FREE, b"first")
         assert reader.wait(spin)
@@ -158,7 +253,7 @@ def test_a_reader_blocks_at_once_on_a_busy_machine(loadavg: Path) -> None:
     try:
         recording = Recording(ours)
         reader = Reader(recording)  # type: ignore[arg-type]
-        spin = Spin()
+        spin = spin_on(loadavg)
         spin.waited(0.0)  # back to back
         protocol.send_frame(theirs, protocol.FREE, b"x")
         assert reader.wait(spin)
@@ -166,7 +261,7 @@ def test_a_reader_blocks_at_once_on_a_busy_machine(loadavg: Path) -> None:
         assert reader.frames() == [(protocol.FREE, b"x")]
         # A frame cut in two: the first poll reads its head, the next read the rest.
         loadavg.write_bytes(IDLE)
-        protocol._sample = (-1.0, False)
+        spin = spin_on(loadavg)
         spin.waited(0.0)
         recording.flags.clear()
         data = protocol.HEADER.pack(protocol.FREE, 4) + b"ab"

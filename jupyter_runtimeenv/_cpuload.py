@@ -1,0 +1,106 @@
+"""How many tasks the machine's CPUs have to run: the kernel's count of runnable tasks.
+
+Read from ``/proc/loadavg``'s fourth field (``"0.10 0.20 0.30 2/123 4567"``: 2 runnable of
+123), the count at this instant, the reader among them (the load averages lag by seconds).
+One reader for every caller; each caller states its own rule where it asks:
+
+- ``plugins/_spares`` lays a spare tree out at once when a core is free (``runnable()``
+  below ``cpus()``, read when a build ends);
+- ``workers/protocol.Spin`` polls for a peer's next frame only while no task would wait for
+  the CPU it takes (through a ``Gauge``: read at most every ``EVERY`` seconds per process,
+  and sooner after a count that rose, so that a task woken for an instant does not stop the
+  polling for ``EVERY``).
+
+The workers load this file by path (``workers/_entry.py``), as they load ``protocol.py``:
+it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: Linux's; elsewhere the count is unknown (``None``) and every caller takes it as busy.
+LOADAVG = "/proc/loadavg"
+#: How long a ``Gauge`` keeps a count at most (seconds).
+EVERY = 0.02
+#: How soon a ``Gauge`` reads again a count that rose (or its first after a pause).
+RECHECK = 0.001
+
+
+def runnable(path: str = LOADAVG) -> int | None:
+    """The kernel's count of runnable tasks at this instant (the caller's thread among them),
+    ``None`` where ``path`` cannot be read or parsed. A read is ~3 us here."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 256)
+        finally:
+            os.close(fd)
+        return int(data.split()[3].partition(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1
+
+
+class Gauge:
+    """``runnable()`` for a caller that asks on every wait (thousands of times a second):
+    ``least(now)`` is the lower of the latest count and the one read before it (if that one
+    is recent: within ``2 * EVERY``), read again ``RECHECK`` after a count that rose (or the
+    first after a pause), and after a count that did not rise twice as long after it as
+    the time before, up to ``EVERY``.
+
+    Why two: the count is of one instant, and on a quiet machine the instant often holds a
+    task woken for a few microseconds (a kernel worker, a timer), which no one waits for. A
+    load that lasts is in both counts; an instant's is in one. Why read again soon: a burst
+    of a few milliseconds (a short command) is over before ``EVERY``; a load that lasts is
+    read every ``EVERY`` after the first ~30 ms. A quiet run of ``benchmarks/run.py --quick``
+    missed W2 when the count was read once per ``EVERY``: its 50 round trips take 4 ms, and
+    the one count read at their start was 3 on 2 CPUs (an instrumented copy of it, 15 runs
+    at load 0.3-4.6: 4 read 3 there, and their W2 was 0.07-0.20 ms, the others' 0.043-0.051).
+    On a loaded machine every count is high, so is the lower of two: nothing changes there
+    but a few more reads after each pause.
+
+    Thread-safe: the state is one tuple, replaced whole; two threads may read at once.
+    """
+
+    __slots__ = ("_state", "path")
+
+    def __init__(self, path: str = LOADAVG) -> None:
+        self.path = path
+        #: When read, until when kept, the least of the two counts, the latest count, the
+        #: CPUs, how long it was kept.
+        self._state: tuple[float, float, int | None, int | None, int, float] = (
+            -1.0,
+            -1.0,
+            None,
+            None,
+            1,
+            RECHECK,
+        )
+
+    def least(self, now: float) -> tuple[int | None, int]:
+        """The lower of the two latest counts (``None``: unknown) and the CPUs this process
+        may use, as read at most ``EVERY`` before ``now`` (``time.perf_counter``)."""
+        when, until, least, latest, ncpu, kept = self._state
+        if when <= now < until:
+            return least, ncpu
+        count = runnable(self.path)
+        ncpu = cpus()
+        recent = latest if latest is not None and 0 <= now - when <= 2 * EVERY else None
+        if count is None:
+            least, kept = None, EVERY
+        elif recent is None:  # the first after a pause: believed for ``RECHECK``
+            least, kept = count, RECHECK
+        elif count > recent:  # it rose: maybe an instant's task, read again soon
+            least, kept = recent, RECHECK
+        else:
+            least, kept = count, min(2 * kept, EVERY)
+        self._state = (now, now + kept, least, count, ncpu, kept)
+        return least, ncpu
