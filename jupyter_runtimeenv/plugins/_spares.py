@@ -18,8 +18,9 @@ one ``_store.materialize`` would have made. A spare still being laid out when it
 build comes is waited for (what is left of it is less than laying the tree out whole); one
 not started yet is dropped.
 
-When is a spare laid out: at once if a core is free when its build ends (``_idle``: fewer
-runnable threads on the machine than cores), else ``DEFER_S`` later. Under load, made at
+When is a spare laid out: at once if a core is free when its build ends (``_free``: nothing
+waited for a CPU for more than a quarter of the build's own time, by the kernel's pressure
+count), else ``DEFER_S`` later. Under load, made at
 once, its links competed with the new env's first task for the cores (W5 one byte in one
 process, rep by rep, at load 9: the build 41 -> 25 ms, the rest of the first task 28 -> 44
 ms); a tenth of a second later they do not (the whole first task 56 vs 107 ms without
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._cpuload import cpus, runnable
-from ._blobs import BLOB_MTIME_NS
+from ._blobs import BLOB_MTIME_NS, relative
 from ._hashing import Tree
 from ._layout import LayOut
 from ._store import blob_dir, by_dir, detach_hooks, materialize, open_dir, place
@@ -86,13 +87,14 @@ def lay_out(tree: Tree, cache_root: Path, target: Path, family: str) -> int:
     ``_store.materialize`` raises. A spare of ``tree`` is then made in the background for
     the next version of ``family``."""
     key = (str(blob_dir(cache_root)), family)
+    mark = _clock()
     stored: int | None = None
     spare = _take(key)
     if spare is not None:
         stored = _apply(spare, tree, target)
     if stored is None:
         stored = materialize(tree, cache_root, target)
-    _offer(key, tree, cache_root)
+    _offer(key, tree, cache_root, mark)
     return stored
 
 
@@ -176,8 +178,8 @@ def _take(key: _Key) -> _Spare | None:
         return spare
 
 
-def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
-    due = time.monotonic() + (0.0 if _idle() else DEFER_S)
+def _offer(key: _Key, tree: Tree, cache_root: Path, mark: _Mark | None = None) -> None:
+    due = time.monotonic() + (0.0 if _free(mark) else DEFER_S)
     with _lock:
         spare = _Spare(key, cache_root, cache_root / "tmp" / _spare_name(), tree, due)
         old = _spares.pop(key, None)
@@ -188,6 +190,44 @@ def _offer(key: _Key, tree: Tree, cache_root: Path) -> None:
         while len(_spares) > MAX_SPARES:
             _discard(_spares.pop(next(iter(_spares))))
         _start()
+
+
+#: (time.monotonic(), the kernel's count of CPU waits in microseconds or None).
+_Mark = tuple[float, "int | None"]
+#: A build that waited for a CPU more than this share of its own time found no core free.
+_WAITED_MAX = 0.25
+_PSI = "/proc/pressure/cpu"
+
+
+def _clock() -> _Mark:
+    return time.monotonic(), _cpu_waits()
+
+
+def _cpu_waits() -> int | None:
+    """Microseconds, since boot, in which a runnable task waited for a CPU (the kernel's
+    pressure stall information, ``some total``); None where the kernel does not keep it."""
+    try:
+        with open(_PSI, "rb") as f:
+            return int(f.readline().split(b"total=")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _free(mark: _Mark | None) -> bool:
+    """Whether a core is free for a spare: while the build that just ended ran (since
+    ``mark``), tasks waited for a CPU less than ``_WAITED_MAX`` of the time (the kernel's
+    pressure count, whoever they were); where the kernel keeps none, ``_idle``.
+
+    Not the instant count alone: it counts this process's own threads that happen to run
+    (the loop, a worker's reader), and on two cores it said "busy" at most builds of a
+    quiet machine (2 runnable: the caller and one more), deferring the spare past the next
+    edit of ``run.py``'s W5 one byte."""
+    if mark is not None and mark[1] is not None:
+        waited = _cpu_waits()
+        elapsed_us = (time.monotonic() - mark[0]) * 1e6
+        if waited is not None and elapsed_us >= 500:
+            return waited - mark[1] < _WAITED_MAX * elapsed_us
+    return _idle()
 
 
 def _idle() -> bool:
@@ -206,8 +246,11 @@ def _discard(spare: _Spare) -> None:
 
 
 def _start() -> None:
-    """(Under the lock.) Start the thread if it is not running; it ends when idle."""
+    """(Under the lock.) Start the thread if it is not running, else wake it: a job due
+    sooner than the one it waits for (a spare laid out at once after a deferred one, a
+    removal) must not wait for that one's time."""
     if _thread:
+        _changed.notify_all()
         return
     thread = threading.Thread(target=_run, name="jre-tree-spares", daemon=True)
     _thread.append(thread)
@@ -225,7 +268,7 @@ def _run() -> None:
         ok = False
         if not spare.dropped:
             try:
-                materialize(spare.tree, spare.cache_root, spare.path)
+                _link_spare(spare.tree, str(blob_dir(spare.cache_root)), spare.path)
                 ok = True
             except Exception:  # a spare is an optimisation: then there is none
                 ok = False
@@ -238,6 +281,30 @@ def _run() -> None:
             _changed.notify_all()
         if spare.dropped:
             shutil.rmtree(spare.path, ignore_errors=True)
+
+
+#: The spares thread sleeps ``_YIELD_S`` after every ``_YIELD_EVERY`` links. Each link lets
+#: the GIL go and takes it back before a thread woken for it runs (~30 us here), so a thread
+#: of the process waiting for the GIL (the server's loop; an embedded agent's driver sending
+#: a new env's first task) could wait a whole switch interval (5 ms) each time.
+_YIELD_EVERY = 64
+_YIELD_S = 0.0002
+
+
+def _link_spare(tree: Tree, store: str, path: Path) -> None:
+    """Lay ``tree`` out at ``path`` as links to its blobs, unchecked: the build that takes
+    the spare checks every file it keeps (``_update``), so a touched blob linked here is
+    replaced then. A blob gone fails the spare (``OSError``)."""
+    os.makedirs(path.parent, exist_ok=True)
+    os.mkdir(path)
+    link = os.link
+    with open_dir(store) as store_fd, open_dir(str(path)) as root_fd:
+        for rel_dir in tree.dirs:  # parents first
+            os.mkdir(rel_dir, dir_fd=root_fd)
+        for i, entry in enumerate(tree.entries, 1):
+            link(relative(entry.blob_name), entry.rel, src_dir_fd=store_fd, dst_dir_fd=root_fd)
+            if i % _YIELD_EVERY == 0:
+                time.sleep(_YIELD_S)
 
 
 def _next() -> _Spare | None:

@@ -197,7 +197,7 @@ def test_a_spare_is_due_at_once_only_when_a_core_is_free(
     src = tmp_path / "src"
     write(src, {"a.txt": "a"})
     family = f"0:{src}"
-    monkeypatch.setattr(_spares, "_idle", lambda: idle)
+    monkeypatch.setattr(_spares, "_free", lambda mark: idle)
     before = time.monotonic()
     target = tmp_path / "v0"
     target.mkdir()
@@ -222,6 +222,91 @@ def test_a_core_is_free_when_fewer_threads_than_cores_are_runnable(
     assert _spares._idle()
     monkeypatch.setattr(_spares, "runnable", lambda: None)
     assert not _spares._idle()
+
+
+def test_a_core_is_free_when_the_build_did_not_wait_for_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_free`` reads the kernel's count of CPU waits (a pressure file, here one written by
+    the test) at the build's start (``_clock``) and end: free when the build's time saw no
+    wait; busy when it saw more waiting than its length; the instant count (``_idle``)
+    where the kernel keeps no such file."""
+    psi = tmp_path / "cpu"
+    monkeypatch.setattr(_spares, "_PSI", str(psi))
+
+    def waits(total: int) -> None:
+        psi.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n")
+
+    waits(1_000)
+    mark = _spares._clock()
+    assert mark[1] == 1_000
+    time.sleep(0.002)
+    assert _spares._free(mark)  # no wait at all
+    waits(1_000 + 10**9)  # a thousand seconds of waits: longer than any build
+    assert not _spares._free(mark)
+    psi.unlink()
+    for idle in (True, False):
+        monkeypatch.setattr(_spares, "_idle", lambda idle=idle: idle)
+        assert _spares._free(mark) is idle
+        assert _spares._free((time.monotonic(), None)) is idle
+        assert _spares._clock()[1] is None
+
+
+def test_a_spare_due_at_once_does_not_wait_for_one_deferred(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread waiting for a deferred spare's time is woken by a spare due at once (it
+    used to sleep until the deferred one was due: an edit right after a busy build then
+    found no spare after the next, quiet one either)."""
+    monkeypatch.setattr(_spares, "DEFER_S", 3600.0)
+    _hashing.forget_stat_cache()
+    for n, free in enumerate((False, True)):
+        monkeypatch.setattr(_spares, "_free", lambda mark, free=free: free)
+        src = tmp_path / f"src{n}"
+        write(src, {"a.txt": f"{n}"})
+        target = tmp_path / f"v{n}"
+        target.mkdir()
+        _spares.lay_out(hashed(src, cache), cache, target, f"0:{src}")
+        if not free:  # the thread waits on the condition for the deferred spare's time
+            deadline = time.monotonic() + 30
+            while not _spares._changed._waiters:  # type: ignore[attr-defined]
+                assert time.monotonic() < deadline, "the spares thread never waited"
+                time.sleep(0.01)
+    wait_ready(f"0:{tmp_path / 'src1'}")
+    assert not any(f == f"0:{tmp_path / 'src0'}" and ready for _s, f, ready in _spares.spares())
+
+
+def test_a_spare_of_a_touched_blob_is_checked_when_taken(tmp_path: Path, cache: Path) -> None:
+    """A spare links its blobs unchecked (``_link_spare``): one touched through an env's
+    link before the spare is laid out is linked into the spare as it is, and the build that
+    takes it does not keep it (its stamp is not a blob's): the source's content is what the
+    next version gets, and the store has it again."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "original", "b.txt": "b"})
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    target = tmp_path / "v0"
+    target.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_spares, "_offer", lambda *args: None)  # no spare yet
+        _spares.lay_out(hashed(src, cache), cache, target, family)
+    victim = target / "a.txt"  # the env's link to the blob
+    os.chmod(victim, 0o644)
+    with open(victim, "r+") as f:
+        f.write("EVIL")
+    _spares._offer((str(_store.blob_dir(cache)), family), hashed(src, cache), cache)
+    wait_ready(family)
+    (spare,) = [p for p in (cache / "tmp").iterdir() if "-spare-" in p.name]
+    assert (spare / "a.txt").read_text() == "EVILinal"  # linked as it was
+    write(src, {"b.txt": "b2"})
+    target = tmp_path / "v1"
+    target.mkdir()
+    _spares.lay_out(hashed(src, cache), cache, target, family)
+    assert (target / "a.txt").read_text() == "original"
+    assert (target / "b.txt").read_text() == "b2"
+    assert stat.S_IMODE((target / "a.txt").stat().st_mode) == 0o444
+    blob = Path(_store.blob_path(cache, hashed(src, cache).entries[0].blob_name))
+    assert blob.read_text() == "original"
 
 
 def test_drop_removes_every_spare_of_the_store(tmp_path: Path, cache: Path) -> None:
