@@ -1,6 +1,6 @@
 """The template ("zygote") process: new workers forked from an interpreter that has started.
 
-Started by ``zygote.Template`` (the driver's side) exactly like a worker, with ``--zygote``
+Started by ``template.Template`` (the driver's side) exactly like a worker, with ``--zygote``
 last: ``python _entry.py --fd C --lifeline L --parent P --zygote``, in an environment whose
 start-time settings (``PYTHON*``, locale, loader variables) are those of the workers it will
 make. ``_entry.main`` loads this file by path (standard library only) and calls ``serve``,
@@ -26,11 +26,11 @@ once the control socket has been quiet for ``SPARE_AFTER`` (not while the worker
 out sets itself up); a request that finds none is forked at once, as before. The driver
 learns each spare's pid (``{"spare": pid}``, sent right after the clone), because a spare is
 its child: one never handed out exits when the template does (EOF on its socket), and the
-driver reaps it (``zygote.Template.stop``). A spare is cloned under a name of its own
+driver reaps it (``template.Template.stop``). A spare is cloned under a name of its own
 (``/proc/PID/comm`` ``jrespare<template pid>``, ``spare_name``) that it keeps until it is handed
 a request: a template SIGKILLed between a clone and that message (seen under a CPU hog) leaves
 a spare the driver never heard of, and the driver finds it among its children by that name
-when it stops the template (``zygote._reap_orphans``). Not covered: a worker forked for a
+when it stops the template (``template._reap_orphans``). Not covered: a worker forked for a
 request in the microseconds before a SIGKILL of the template, before it answered its pid (the
 child exits at its channel's EOF, a zombie until the driver exits); no test can hit that
 instant, and a spare's ~10 ms after every HELLO was the window a hog run found.
