@@ -170,7 +170,7 @@ def _hash_one(
     fd = open_regular(path, st)
     try:
         if st.st_size <= WHOLE_MAX:
-            data = b"".join(exact_chunks(fd, path, st.st_size, st.st_size or 1))
+            data = _read_whole(fd, path, st.st_size)
             sha = hashlib.sha256(data).hexdigest()
             if store is not None:
                 _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
@@ -180,6 +180,18 @@ def _hash_one(
         os.close(fd)
     _statcache.record(path, st, sha, started)
     return sha
+
+
+def _read_whole(fd: int, path: str, size: int) -> bytes:
+    """Exactly ``size`` bytes of the regular file ``fd``: one read of one byte more, which a
+    regular file answers with its ``size`` bytes and the end; anything else (a pseudo-file,
+    a file being written, a file system that reads short) is read again from the start,
+    chunk by chunk, which says why it is a ``BadFile`` or reads it whole."""
+    data = os.read(fd, size + 1)
+    if len(data) == size:
+        return data
+    os.lseek(fd, 0, os.SEEK_SET)
+    return b"".join(exact_chunks(fd, path, size, size or 1))
 
 
 def _hash_chunks(fd: int, path: str, size: int, store: str | None, mode: int) -> str:
