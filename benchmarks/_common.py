@@ -168,6 +168,14 @@ def hash_and_copy(src: Path, dest: Path) -> float:
     return elapsed
 
 
+def settle() -> None:
+    """Write back every dirty page (``sync``) before a timed rep that writes a tree: the
+    writeback of what the rep before it wrote (~20 MB for W5) otherwise falls on whichever
+    rep comes next, ours or its floor (``cp -r`` of the same tree moved 38-555 ms between
+    three quiet runs of session 5)."""
+    os.sync()
+
+
 def cp_r(src: Path, dest: Path) -> float:
     """Floor: a plain ``cp -r`` of the tree."""
     elapsed = timed(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True))

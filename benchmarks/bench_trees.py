@@ -7,7 +7,7 @@ times the same cases and what they are made of, each repetition right after its 
 that a loaded machine weighs on both alike:
 
 - ``W5 first``: a tree never seen (a new cache, the stat cache forgotten), first task;
-  floor ``cp -r`` of the tree, measured just before;
+  floor ``cp -r`` of the tree, measured just before; each after a ``sync`` (``settle``);
 - ``W5 unchanged`` / ``W5 one byte``: a new pool (so a new worker) on an unchanged tree, and
   after a one-byte change; floor a python start with cloudpickle, measured just before (the
   next version of an edited tree is laid out from a spare, ``plugins/_spares.py``, made
@@ -38,7 +38,16 @@ from typing import Any
 
 import _common
 import cloudpickle
-from _common import change_one_byte, count_files, cp_r, make_tree, progress, python_start, timed
+from _common import (
+    change_one_byte,
+    count_files,
+    cp_r,
+    make_tree,
+    progress,
+    python_start,
+    settle,
+    timed,
+)
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
@@ -131,9 +140,11 @@ def main() -> None:
             shutil.rmtree(cache)
         progress("W5 first, each after its cp -r")
         for i in range(args.reps):
+            settle()
             add("W5 first: cp -r", cp_r(tree, tmp / "cp"))
             _hashing.forget_stat_cache()
             with agent(tmp / f"first-{i}") as client, executor(client):
+                settle()
                 add("W5 first", first_task(tree))
         progress("W5 unchanged / one byte, each after a python start")
         with agent(tmp / "again") as client:
