@@ -3,7 +3,8 @@
 The CLI runs its own agent on the shared cache (``--cache-dir``, else
 ``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's cache dir); two agents sharing a cache
 (this one and a Jupyter server's) never corrupt it. Bad input exits non-zero with one line
-that names the field; no traceback.
+that names the field; no traceback. A build of an env the cache holds is answered from its
+index without starting an agent (``agent/cache_hit.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .agent import RuntimeEnvAgent
+    from .context import EnvContext
+    from .spec import RuntimeEnvSpec
 
 # The agent, the spec parser, the errors (cloudpickle), asyncio, sqlite3, json and pathlib are
 # imported once the arguments are parsed: ``--help`` and usage errors answer at once, and
@@ -194,10 +199,12 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
-    import json
     import time
 
-    spec = await _to_thread(agent.parse, _spec_input(args.spec))
+    # Parsed by _cached_build already, unless it could not look (no private index yet).
+    spec = args.parsed
+    if spec is None:
+        spec = await _to_thread(agent.parse, _spec_input(args.spec))
     if not args.json and not args.quiet:
 
         def show(event: Any) -> None:
@@ -216,8 +223,15 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
     finally:
         # The CLI's reference lasts as long as the command: built envs stay cached, unheld.
         await agent.release(spec.env_id, CLI_HOLDER)
-    elapsed = time.perf_counter() - started
+    return _show_built(args, spec, context, time.perf_counter() - started)
+
+
+def _show_built(
+    args: argparse.Namespace, spec: RuntimeEnvSpec, context: EnvContext, elapsed: float
+) -> int:
     if args.json:
+        import json
+
         out = {
             "env_id": spec.env_id,
             "state": "READY",
@@ -239,6 +253,85 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
     for path in context.sys_path:
         print(f"path:    {path}")
     return 0
+
+
+#: Fields whose parse never hashes a tree into the content store (working_dir and py_modules
+#: do; a plugin named by import path may).
+_NO_TREES = frozenset(
+    {
+        "config",
+        "excludes",
+        "env_vars",
+        "py_executable",
+        "driver_python",
+        "driver_sys_path",
+        "pip",
+        "uv",
+        "conda",
+        "worker_process_setup_hook",
+    }
+)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _cached_build(args: argparse.Namespace) -> tuple[int | None, Callable[[], None]]:
+    """``build`` of an env the cache holds READY, without an agent: the spec is parsed as
+    the agent would (trusted, the installed plugins), then looked up in the index
+    (``agent.cache_hit``). The exit code, or None when the agent must build (the spec is
+    left in ``args.parsed``: parsed once), and what undoes the store's attachment.
+
+    A spec with a tree (``working_dir``, ``py_modules``) is parsed with the cache's content
+    store attached, as in an agent's process, so that a build that follows stores what
+    this parse read, in one pass (``plugins/_store.py``)."""
+    import time
+    from pathlib import Path
+
+    from .agent.cache_hit import default_cache_dir, find_ready, private_index
+    from .context import EnvContext
+    from .errors import SpecError
+    from .plugins.registry import default_registry
+    from .spec import TRUSTED
+    from .spec.parse import load_spec_file, parse
+    from .spec.paths import base_dir
+
+    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    index = private_index(root)
+    detach = _nothing
+    if index is None:
+        return None, detach  # a new cache, or one the agent must make private first
+    data = _spec_input(args.spec)
+    where = None
+    if isinstance(data, str):
+        path = Path(data)
+        data, where = load_spec_file(path), str(path.resolve().parent)
+    trees = not isinstance(data, dict) or not set(data) <= _NO_TREES
+    if trees and (root / "shared" / "blobs").is_dir():
+        from .plugins import _store
+
+        detach = _store.attach(root)
+    try:
+        with base_dir(where):  # relative paths in a file are relative to it, as parse does
+            spec = parse(data, registry=default_registry(), policy=TRUSTED)
+        started = time.perf_counter()
+        stored = find_ready(index, spec.env_id)
+    except SpecError:
+        detach()
+        if detach is _nothing:
+            raise
+        # A parse that wrote into the store failed: the agent parses again after its start,
+        # which says a cache it cannot write to (a full disk) is that, not a bad spec.
+        return None, _nothing
+    except BaseException:
+        detach()
+        raise
+    if stored is None:
+        args.parsed = spec
+        return None, detach
+    context = EnvContext.from_json(stored)
+    return _show_built(args, spec, context, time.perf_counter() - started), detach
 
 
 async def _resolve_id(agent: RuntimeEnvAgent, prefix: str) -> str:
@@ -275,9 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .errors import BuildError, RuntimeEnvError, SpecError
 
+    detach = _nothing
     try:
         if args.command == "kernelspec":
             return _install_kernelspec(args)
+        args.parsed = None
+        if args.command == "build":
+            done, detach = _cached_build(args)
+            if done is not None:
+                return done
         import asyncio
 
         return asyncio.run(_run_until_signal(args))
@@ -293,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, sqlite3.Error) as exc:  # the disk filled up (or went away) mid-command
         from pathlib import Path
 
-        from .agent.cache import default_cache_dir
+        from .agent.cache_hit import default_cache_dir
         from .agent.private import describe
 
         root = Path(args.cache_dir or default_cache_dir())
@@ -301,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        detach()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +146,81 @@ def test_a_full_disk_at_start_is_one_line_naming_the_cache(
         assert "no space left on the device" in lines[0] or "No space left" in lines[0]
     else:
         assert "ermission denied" in lines[0] or "not writable" in lines[0] or "read" in lines[0]
+
+
+def _agent_ran(cache: Path, *args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """``build`` in a fresh interpreter; whether it started an agent (a cached env is
+    answered from the index without one: ``agent/cache_hit.py``)."""
+    code = (
+        "import sys\n"
+        "from jupyter_runtimeenv import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        "print('AGENT', 'jupyter_runtimeenv.agent.agent' in sys.modules, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    env = {**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, "build", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+    )  # fmt: skip
+    return done, "AGENT True" in done.stderr
+
+
+def _last_used(cache: Path, env_id: str) -> float:
+    with contextlib.closing(sqlite3.connect(cache / "index.sqlite")) as db:
+        (value,) = db.execute("SELECT last_used FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+    return float(value)
+
+
+def test_a_cached_build_is_answered_from_the_index(project: Path, cache_dir: Path) -> None:
+    first, agent = _agent_ran(cache_dir, "env.yaml", "--json", cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert agent
+    built = json.loads(first.stdout)
+    used = _last_used(cache_dir, built["env_id"])
+    # The same file by its relative path and from elsewhere by its absolute one: its
+    # relative working_dir is the file's, so both are the same env, found in the index.
+    for args, cwd in ((["env.yaml"], project), ([str(project / "env.yaml")], project.parent)):
+        again, agent = _agent_ran(cache_dir, *args, "--json", cwd=cwd)
+        assert again.returncode == 0, again.stderr
+        assert not agent
+        found = json.loads(again.stdout)
+        assert {k: found[k] for k in ("env_id", "state", "context", "spec")} == {
+            k: built[k] for k in ("env_id", "state", "context", "spec")
+        }
+    assert _last_used(cache_dir, built["env_id"]) > used  # a use, for LRU eviction
+    human, agent = _agent_ran(cache_dir, "env.yaml", cwd=project)
+    assert human.returncode == 0, human.stderr
+    assert not agent
+    assert human.stdout.startswith(f"env_id:  {built['env_id']}\nstate:   READY (")
+    assert "env:     MODE=fast" in human.stdout
+    assert not (cache_dir / "tmp").exists() or not list((cache_dir / "tmp").iterdir())
+
+
+def test_a_cached_build_whose_tree_is_gone_builds_it_again(project: Path, cache_dir: Path) -> None:
+    first, _ = _agent_ran(cache_dir, "env.yaml", "--json", cwd=project)
+    assert first.returncode == 0, first.stderr
+    cwd = Path(json.loads(first.stdout)["context"]["cwd"])
+    with contextlib.closing(sqlite3.connect(cache_dir / "index.sqlite")) as db:
+        paths = [Path(p) for (p,) in db.execute("SELECT path FROM resources")]
+    tree = next(p for p in paths if cwd == p or p in cwd.parents)
+    shutil.rmtree(tree)  # removed by hand: the index still records it
+    again, agent = _agent_ran(cache_dir, "env.yaml", "--json", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert agent
+    assert Path(json.loads(again.stdout)["context"]["cwd"], "helper.py").read_text() == (
+        "VALUE = 42\n"
+    )
+
+
+def test_a_cache_others_may_read_is_left_to_the_agent(project: Path, cache_dir: Path) -> None:
+    """The index holds env_vars' values: a root others may read is not read from as it is,
+    the agent's start makes it owner-only (with a warning) and answers."""
+    first, _ = _agent_ran(cache_dir, "env.yaml", "--json", cwd=project)
+    assert first.returncode == 0, first.stderr
+    cache_dir.chmod(0o755)
+    again, agent = _agent_ran(cache_dir, "env.yaml", "--json", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert agent
+    assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
+    assert json.loads(again.stdout)["env_id"] == json.loads(first.stdout)["env_id"]

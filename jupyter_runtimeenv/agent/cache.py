@@ -33,22 +33,13 @@ import os
 import shutil
 from pathlib import Path
 
-import platformdirs
-
 from ..spec.ids import is_env_id
 from .cache_envs import EnvIndex
+from .cache_hit import CACHE_ENV_VAR, default_cache_dir
 from .cache_index import guard_disk_errors
 from .pgroups import end_group, owner_alive, self_identity, start_time
 
-CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's user cache dir."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    if override:
-        return Path(override).expanduser()
-    return Path(platformdirs.user_cache_dir("jupyter-runtimeenv"))
+__all__ = ["CACHE_ENV_VAR", "Cache", "default_cache_dir"]
 
 
 def _pid_alive(pid: int) -> bool:

@@ -10,10 +10,7 @@ logs and errors without user info, query or fragment (``_remote.redact``).
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from ..errors import BuildError
@@ -42,6 +39,9 @@ async def fetch(
 ) -> int:
     """Download ``url`` to the file ``dest``; returns its size. ``BuildError`` on failure,
     or past ``limit`` bytes."""
+    import asyncio  # here, as urllib in _download: parsing a working_dir spec imports this
+    # module (its plugin's), and a CLI build of a cached env must not pay for either.
+
     shown = redact(url)
     async with build.limit("download"):
         for attempt in range(1, retries + 1):
@@ -73,6 +73,9 @@ def too_large(shown: str, limit: int) -> BuildError:
 
 
 def _download(url: str, dest: Path, cancel: threading.Event, limit: int | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
     shown = redact(url)
     request = urllib.request.Request(url, headers={"User-Agent": "jupyter-runtimeenv"})
     try:

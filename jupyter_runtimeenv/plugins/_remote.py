@@ -18,12 +18,10 @@ query strings. Errors are one line naming the URI: not found, access denied, no 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import threading
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +77,11 @@ def local_path(uri: str) -> str | None:
         return None
     if parts.scheme.lower() not in ("file", "local"):
         return None
-    return urllib.request.url2pathname(parts.path) or "/"
+    # urllib.request (http.client, ssl, email) only for a file: URI: parsing a pip spec
+    # asks every requirement whether it is remote (the CLI's start, a kernel's first spec).
+    from urllib.request import url2pathname
+
+    return url2pathname(parts.path) or "/"
 
 
 #: ``uri`` without user info, query or fragment: what logs and errors show.
@@ -236,6 +238,8 @@ async def fetch(
 ) -> int:
     """Download ``uri`` to ``dest`` if it still is the version ``expected`` (its digest);
     ``BuildError`` past ``limit`` bytes."""
+    import asyncio  # the build's loop runs: imported already
+
     async with build.limit("download"):
         cancel = threading.Event()
         try:

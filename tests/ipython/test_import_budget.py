@@ -12,6 +12,7 @@ budget; ``benchmarks/bench_kernel_env.py`` measures the time.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -200,3 +201,60 @@ def test_a_cli_build_of_an_inline_spec_imports_neither_yaml_nor_cloudpickle(
         )
         assert done.returncode == 0, done.stderr
         assert f"LOADED {loaded}" in done.stdout, done.stdout
+
+
+#: What a build of a cached env must not import: it is answered from the index, without an
+#: agent (its start and stop, asyncio, the build machinery) or what only builds need.
+NOT_FOR_A_CACHED_BUILD = (
+    "asyncio",
+    "psutil",
+    "filelock",
+    "ssl",
+    "urllib.request",
+    "yaml",
+    "cloudpickle",
+    "jupyter_runtimeenv.agent.agent",
+    "jupyter_runtimeenv.agent.core",
+    "jupyter_runtimeenv.agent.cache",
+    "jupyter_runtimeenv.agent.build",
+)
+
+
+def test_a_cli_build_of_a_cached_env_starts_no_agent(tmp_path: Path) -> None:
+    """``jupyter runtimeenv build`` of an env the cache holds (issue 19 item 4, the CLI ready
+    in ≤ 100 ms): the first build goes through the agent, which the check sees (so it can
+    fail); the second, the same spec, is answered from the index with none of the agent's
+    modules, and prints what the first printed."""
+    code = (
+        "import sys\n"
+        "from jupyter_runtimeenv import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        f"names = {NOT_FOR_A_CACHED_BUILD!r}\n"
+        "loaded = [n for n in names if n in sys.modules]\n"
+        "print('LOADED', loaded, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    for i in range(40):  # enough files for the parse to lay a spare tree out (plugins/_spares)
+        (code_dir / f"m{i}.py").write_text(f"VALUE = {i}\n")
+    spec = json.dumps({"env_vars": {"BUDGET": "1"}, "working_dir": str(code_dir)})
+    env = {**base_env(), "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
+    outputs, loaded = [], []
+    for _run in ("built", "cached"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, "build", "--json", spec],
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+        loaded.append(done.stderr.rsplit("LOADED ", 1)[1].strip())
+    assert "'asyncio'" in loaded[0]
+    assert "'jupyter_runtimeenv.agent.agent'" in loaded[0]
+    assert loaded[1] == "[]", loaded[1]
+    for key in ("env_id", "state", "context", "spec"):
+        assert outputs[1][key] == outputs[0][key], key
+    assert Path(outputs[1]["context"]["cwd"], "m7.py").read_text() == "VALUE = 7\n"
+    # The parse laid a spare tree out in the cache's tmp (a build would have taken it); the
+    # command removed it when it ended, as an agent's stop does.
+    assert not list((tmp_path / "cache" / "tmp").iterdir())

@@ -1,0 +1,129 @@
+"""Where the cache is, and an env the cache holds READY, found without starting an agent.
+
+Who calls it: ``default_cache_dir`` everyone (``cache.py`` re-exports it); ``find_ready`` the
+CLI's ``build`` (``cli.py``), before it starts an agent: a build of a cached env answers from
+one transaction on the index instead of an agent's start (sweep, store, asyncio, psutil,
+filelock) and stop, ~40 % of the command (issue 19 item 4: ``jupyter runtimeenv`` ready in
+≤ 100 ms).
+
+It finds an env the way ``EnvIndex.find_env`` does (recorded, every resource's directory
+present, the context in the current form) and records the use as the agent does (the env's
+and its resources' ``last_used``: LRU eviction). It changes nothing else and creates nothing:
+anything that is not plainly a private cache with that env in it (no index yet, a root or
+index file others may read, which the agent's start tightens or refuses, a busy or damaged
+index, an error of the disk) is ``None``, and the caller starts the agent, which handles
+each of those cases and says what is wrong. Blocking (sqlite, stat); imports no more than
+sqlite3 and json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import stat
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from ..context.model import CONTEXT_FORMAT
+
+CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
+
+_INDEX = "index.sqlite"
+
+__all__ = ["CACHE_ENV_VAR", "default_cache_dir", "find_ready", "private_index"]
+
+
+def default_cache_dir() -> Path:
+    """``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's user cache dir."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        return Path(override).expanduser()
+    import platformdirs  # only without the variable: ~2 ms of every command's start
+
+    return Path(platformdirs.user_cache_dir("jupyter-runtimeenv"))
+
+
+def _ours_and_private(st: os.stat_result) -> bool:
+    owner = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+    return owner and not stat.S_IMODE(st.st_mode) & 0o077
+
+
+def private_index(root: Path) -> Path | None:
+    """The index of the cache at ``root`` if the root is a directory and the index a file,
+    both this user's and owner-only (and its ``-wal``/``-shm`` files too, when present);
+    else None: the agent's start makes, tightens or refuses the root (``private.py``)."""
+    index = root / _INDEX
+    try:
+        st = os.stat(root)
+        if not stat.S_ISDIR(st.st_mode) or not _ours_and_private(st):
+            return None
+        st = os.lstat(index)
+        if not stat.S_ISREG(st.st_mode) or not _ours_and_private(st):
+            return None
+        for suffix in ("-wal", "-shm"):
+            try:
+                st = os.lstat(f"{index}{suffix}")
+            except FileNotFoundError:
+                continue  # SQLite creates it with the index's mode
+            if not stat.S_ISREG(st.st_mode) or not _ours_and_private(st):
+                return None
+    except OSError:
+        return None
+    return index
+
+
+def find_ready(index: Path, env_id: str) -> dict[str, Any] | None:
+    """The stored context of env ``env_id`` if the index records it with every resource's
+    directory present and its context in the current form, its use recorded; else None.
+
+    One write transaction, so that the env and its resources are read and touched as one
+    (a concurrent eviction either went first, and the env is not found, or waits)."""
+    # mode=rw: never creates a file (a root emptied meanwhile stays empty).
+    uri = f"file:{urllib.parse.quote(str(index))}?mode=rw"
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+    except sqlite3.Error:
+        return None
+    try:
+        db.execute("PRAGMA synchronous=NORMAL")  # as the agent's connection (cache_index)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            context = _touch_if_ready(db, env_id)
+            db.execute("COMMIT" if context is not None else "ROLLBACK")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+        return context
+    except (sqlite3.Error, OSError, ValueError):
+        return None  # the agent's start says what is wrong, if anything is
+    finally:
+        db.close()
+
+
+def _touch_if_ready(db: sqlite3.Connection, env_id: str) -> dict[str, Any] | None:
+    row = db.execute("SELECT context FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+    if row is None:
+        return None
+    context: dict[str, Any] = json.loads(row[0])
+    if context.get("format") != CONTEXT_FORMAT:
+        return None  # an older form: the agent rebuilds it (``cache_envs._current_context``)
+    paths = db.execute(
+        "SELECT r.path FROM env_resources e LEFT JOIN resources r ON r.uri = e.uri"
+        " WHERE e.env_id = ?",
+        (env_id,),
+    ).fetchall()
+    if any(path is None or not os.path.isdir(path) for (path,) in paths):
+        return None
+    now = time.time()
+    db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
+    db.execute(
+        "UPDATE resources SET last_used = ? WHERE uri IN "
+        "(SELECT uri FROM env_resources WHERE env_id = ?)",
+        (now, env_id),
+    )
+    return context
