@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from importlib import metadata
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -65,6 +64,8 @@ def _from_dirname(entry: str, path: str) -> tuple[str, str] | None:
 
 
 def _from_metadata(path: str) -> tuple[str, str] | None:
+    from importlib import metadata  # ~10 ms: only for a name the directory's does not give
+
     try:
         dist = metadata.Distribution.at(path)
         name, version = dist.metadata["Name"], dist.version

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import shlex
-from importlib import metadata
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -340,6 +339,8 @@ def _canonical(line: str, field: str, origin: str = "") -> str:
 
 def cloudpickle_floor() -> SpecifierSet:
     """What this package itself requires of cloudpickle (its metadata), e.g. ``>=3.0``."""
+    from importlib import metadata  # here: ~10 ms, for a spec that names cloudpickle only
+
     try:
         for line in metadata.requires(SELF) or []:
             req = Requirement(line)
@@ -374,6 +375,8 @@ def _guard(requirement: str, field: str, origin: str = "") -> None:
 
 
 def _installed(dist: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

@@ -10,9 +10,9 @@ import importlib
 import threading
 from collections.abc import Iterable
 from functools import cache
-from importlib.metadata import entry_points
 
 from ..errors import PluginNotFound
+from ._entry_points import entry_points_of
 from .base import RuntimeEnvPlugin
 
 ENTRY_POINT_GROUP = "jupyter_runtimeenv.plugins"
@@ -91,7 +91,7 @@ class PluginRegistry:
         self._lock = threading.Lock()
         self._loading = threading.RLock()
         if plugins is None:
-            self._pending = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+            self._pending = entry_points_of(ENTRY_POINT_GROUP)
         else:
             for plugin in plugins:
                 self.add(plugin)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -281,6 +280,8 @@ def _unknown_field(key: str, registry: PluginRegistry) -> str:
         return f"the plugin registered for this field failed to load: {broken}"
     known = sorted({*CORE_FIELDS, *registry.fields()})
     message = f"unknown field; known fields are {', '.join(known)}"
+    import difflib  # for an unknown field's suggestion only
+
     close = difflib.get_close_matches(key, known, n=1)
     if close:
         message += f" (did you mean {close[0]!r}?)"
