@@ -204,7 +204,7 @@ class Ours:
             self.results[f"{label} cold"] = stats(repeat(runs, cold))
             if label == "W9":
                 progress("ours W9 CLI cold")
-                self.cli_rows("W9 CLI cold", runs, 300, lambda: self.fresh("uv"))
+                self.cli_rows("W9 CLI cold", self.reps["cli"], 300, lambda: self.fresh("uv"))
             progress(f"ours {label} warm")
             warm_cache = self.fresh("uv")
             floor_env(self.tmp, warm_cache, packages, modules=modules)
@@ -229,7 +229,8 @@ class Ours:
                     self.w3(client, warm_cache)
             if label == "W9":
                 progress("ours W9 CLI warm")
-                self.cli_rows("W9 CLI warm", runs, 400, lambda c=warm_cache: c, self.fresh("cli"))
+                root, n = self.fresh("cli"), self.reps["cli"]
+                self.cli_rows("W9 CLI warm", n, 400, lambda c=warm_cache: c, root)
 
     def cli_rows(
         self, key: str, runs: int, base: int, cache: Callable[[], Path], root: Path | None = None
@@ -242,10 +243,14 @@ class Ours:
         The cache root (``root``, else a new one per run) is made before the clock starts,
         as any earlier command leaves it (``jupyter runtimeenv list``: the index and the
         store's 256 shard directories, 45-115 ms at load 9, once per machine): the notebook
-        rows start their agent, and so make their root, before theirs."""
-        ours, floor = [], []
+        rows start their agent, and so make their root, before theirs.
+
+        ``runs`` pairs (3 in ``--quick`` too: one sample of a row that moves by ±5 % decided
+        nothing), which of the two goes first alternating pair by pair; each row is the
+        median of its samples."""
+        ours: list[float] = []
+        floor: list[float] = []
         for i in range(runs):
-            floor.append(floor_env(self.tmp, cache(), DATA, modules=DATA_MODULES))
             where = root or self.fresh("cli")
             subprocess.run(
                 [str(Path(sys.executable).parent / "jupyter-runtimeenv"), "list"],
@@ -253,7 +258,11 @@ class Ours:
                 check=True,
                 capture_output=True,
             )
-            ours.append(self.cli(DATA, DATA_MODULES, base + i, cache(), where))
+            for ours_now in (False, True) if i % 2 == 0 else (True, False):
+                if ours_now:
+                    ours.append(self.cli(DATA, DATA_MODULES, base + i, cache(), where))
+                else:
+                    floor.append(floor_env(self.tmp, cache(), DATA, modules=DATA_MODULES))
         self.results[key], self.floors[key] = stats(ours), stats(floor)
 
     def cli(
