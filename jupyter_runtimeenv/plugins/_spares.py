@@ -18,14 +18,15 @@ one ``_store.materialize`` would have made. A spare still being laid out when it
 build comes is waited for (what is left of it is less than laying the tree out whole); one
 not started yet is dropped.
 
-When is a spare laid out: at once if a core is free when its build ends (``_free``: nothing
-waited for a CPU for more than a quarter of the build's own time, by the kernel's pressure
-count), else ``DEFER_S`` later. Under load, made at
+When is a spare laid out: ``AFTER_S`` after its build if a core was free while it ran
+(``_free``: nothing waited for a CPU for more than a quarter of the build's own time, by
+the kernel's pressure count), else ``DEFER_S`` after it. Under load, made at
 once, its links competed with the new env's first task for the cores (W5 one byte in one
 process, rep by rep, at load 9: the build 41 -> 25 ms, the rest of the first task 28 -> 44
 ms); a tenth of a second later they do not (the whole first task 56 vs 107 ms without
 spares). On a free core it is ready for an edit that follows its build within ~30 ms (a
-notebook's next cell; ``benchmarks/run.py``'s W5 one byte edits ~50 ms after the last build).
+notebook's next cell; ``benchmarks/run.py``'s W5 one byte builds again ~35 ms after the last
+build); a build that finds it still being laid out waits for the rest.
 The first lay-out of a source gets a spare too: the first edit is the one a user waits for
 first, and a spare is links only (no data; ``MAX_SPARES`` per process).
 """
@@ -54,6 +55,11 @@ MAX_SPARES = 8
 #: How long after a build its spare is laid out when no core is free: the new env's first
 #: task goes first.
 DEFER_S = 0.1
+#: How long after a build its spare is laid out when a core is free: the new env's first
+#: task (the agent's last steps, a forked worker's start and first call: ~8 ms after the
+#: lay-out here) goes first, and the spare (~15 ms of links) is still ready for an edit
+#: ~35 ms after the build (``run.py``'s W5 one byte).
+AFTER_S = 0.01
 #: How long a build waits for the spare being laid out for it before laying out its own.
 _WAIT_S = 60.0
 
@@ -179,7 +185,7 @@ def _take(key: _Key) -> _Spare | None:
 
 
 def _offer(key: _Key, tree: Tree, cache_root: Path, mark: _Mark | None = None) -> None:
-    due = time.monotonic() + (0.0 if _free(mark) else DEFER_S)
+    due = time.monotonic() + (AFTER_S if _free(mark) else DEFER_S)
     with _lock:
         spare = _Spare(key, cache_root, cache_root / "tmp" / _spare_name(), tree, due)
         old = _spares.pop(key, None)

@@ -191,9 +191,9 @@ def test_a_spare_that_cannot_be_updated_gives_a_whole_lay_out(tmp_path: Path, ca
 def test_a_spare_is_due_at_once_only_when_a_core_is_free(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, idle: bool
 ) -> None:
-    """After a lay-out (the first of its source too) a spare is laid out at once when a core
-    is free, and ``DEFER_S`` later when none is: its links then wait for the env's first
-    task."""
+    """After a lay-out (the first of its source too) a spare is laid out ``AFTER_S`` later
+    when a core is free, and ``DEFER_S`` later when none is: its links then wait for the
+    env's first task."""
     src = tmp_path / "src"
     write(src, {"a.txt": "a"})
     family = f"0:{src}"
@@ -202,10 +202,12 @@ def test_a_spare_is_due_at_once_only_when_a_core_is_free(
     target = tmp_path / "v0"
     target.mkdir()
     _spares.lay_out(hashed(src, cache), cache, target, family)
+    after = time.monotonic()
     with _spares._lock:
         spare = _spares._spares[(str(_store.blob_dir(cache)), family)]
+    assert _spares.AFTER_S < _spares.DEFER_S
     if idle:
-        assert spare.due <= time.monotonic()
+        assert spare.due <= after + _spares.AFTER_S
     else:
         assert spare.due >= before + _spares.DEFER_S
     wait_ready(family)
