@@ -27,12 +27,15 @@ waiter reads only the happy path (answers, notices, output before them); anythin
 a hang-up, the window over) goes back to the reader thread as it was. While the worker's calls
 are answered back to back and a CPU is spare, the waiter polls for a moment before it blocks
 (``protocol.Spin``; the worker does the same for its next call).
+
+What the worker sends is handled in ``answers.py`` (``Answers``, this class's base: frames,
+output drained before the answers it preceded, the waiter's own read); this module starts the
+worker, sends it calls, runs the reader thread and ends the process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import selectors
@@ -42,16 +45,16 @@ import subprocess
 import threading
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
 import cloudpickle
 
 from .._cpuload import Gauge
 from ..context import EnvContext, compose, process_env
-from ..errors import BrokenWorker, WorkerError, WorkerSetupError
+from ..errors import BrokenWorker, WorkerError
 from . import lifeline, protocol, stops, zygote
 from ._entry import ORPHANED, STDIO_BROKEN
-from ._serve import PRELOAD_SECONDS
+from .answers import Answers, WorkerListener
 from .channel import Channel, prepare_socket
 from .future import Task
 from .output import OutputTarget, StreamForwarder
@@ -63,40 +66,20 @@ ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entry.py")
 CLOUDPICKLE_VAR = "JUPYTER_RUNTIMEENV_CLOUDPICKLE_DIR"
 #: Only the cloudpickle package itself, for environments that lack it (see ``_entry``).
 _CLOUDPICKLE_DIR = os.path.dirname(os.path.abspath(cloudpickle.__file__))
-_TAIL_BYTES = 4096
 #: After the worker exited: how long frames and output it sent may still be read (a fork
 #: that escaped its group may hold our end of the pipes open forever).
 _EXIT_GRACE = 2.0
 
 
-_ANSWERS = frozenset((protocol.RETURN, protocol.RAISE, protocol.SKIP))
-#: How long a thread waiting for an answer reads the socket itself (``read_answer``) before
-#: it leaves that to the reader thread again: a short call's answer comes well within it; a
-#: longer call's output waits for the reader at most this long.
-ANSWER_WINDOW = 0.005
-_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
-
-
-class WorkerListener(Protocol):
-    """What a worker's reader thread tells its owner (the pool). Called without locks held;
-    after ``worker_ready`` and ``tasks_answered`` the thread flushes the worker's outbox."""
-
-    def worker_hello(self, worker: WorkerProcess) -> list[str]: ...
-
-    def worker_ready(self, worker: WorkerProcess) -> None: ...
-
-    def tasks_answered(self, worker: WorkerProcess, durations: list[int | None]) -> list[Task]: ...
-
-    def imports_learned(self, worker: WorkerProcess, modules: list[str]) -> None: ...
-
-    def worker_died(self, worker: WorkerProcess, error: WorkerError) -> None: ...
-
-
-class WorkerProcess:
+class WorkerProcess(Answers):
     """One worker. ``held``, ``outbox`` and ``retired`` are written under the pool's lock."""
 
     def __init__(
-        self, ctx: EnvContext, listener: WorkerListener, *, startup_timeout: float = 60.0
+        self,
+        ctx: EnvContext,
+        listener: WorkerListener[WorkerProcess],
+        *,
+        startup_timeout: float = 60.0,
     ) -> None:
         self.ctx = ctx
         self.listener = listener
@@ -384,230 +367,6 @@ class WorkerProcess:
             poller.close()
         self._finish(error)
 
-    def _frames(self, channel: Channel) -> None:
-        """Handle the frames read so far (read lock held)."""
-        answers: list[tuple[int, bytes | bytearray]] = []
-        for kind, payload in channel.reader.frames():
-            if kind in _ANSWERS:
-                answers.append((kind, payload))
-            else:
-                self._notice(kind, payload)
-        if answers:
-            self._last = self._answered(answers)
-
-    def read_answer(self, task: Task, timeout: float | None) -> None:
-        """Read what the worker sends, in this thread (one waiting for ``task``'s future),
-        until the future is done, for ``ANSWER_WINDOW`` (or ``timeout``) at most; then the
-        reader thread reads again. Only while ``task`` is the call the worker runs and no
-        one else reads (else it returns at once). An interrupt while it waits leaves
-        nothing half-read; one while it handles what it read (tens of microseconds) breaks
-        the worker: the calls it answered then fail with ``BrokenWorker``."""
-        window = ANSWER_WINDOW if timeout is None else min(ANSWER_WINDOW, timeout)
-        if window <= 0 or not self.ready or self._poller is None:
-            return
-        try:  # one step: the reader thread may take the last call off between two
-            running = self.held[0]
-        except IndexError:
-            return
-        if running is not task:
-            return
-        lock = self._read_lock
-        if lock._is_owned():  # type: ignore[attr-defined]  # reading already: a done-callback
-            return
-        # An interrupt (KeyboardInterrupt in the main thread) can come at the end of any
-        # call below: whatever it skips, the finally clauses undo (the lock is an RLock:
-        # released only by its owner, so not taking it is no harm), and each undoing step
-        # is one call, done before the next interrupt could be raised.
-        try:
-            if not lock.acquire(blocking=False):
-                return
-            poller, sock, channel = self._poller, self._sock, self.channel
-            if poller is None or sock is None or channel is None or self._stopping:
-                return
-            if self._broken is not None or self._exited_at is not None:
-                return
-            sock_fd = sock.fileno()
-            try:
-                poller.modify(sock_fd, 0)  # the reader thread is not woken for what we read
-                self._read_for(task, window, sock_fd, channel)
-            finally:
-                poller.modify(sock_fd, select.EPOLLIN)  # what is left wakes it at once
-        finally:
-            try:  # noqa: SIM105 - contextlib.suppress's __enter__ is Python: interruptible
-                lock.release()
-            except RuntimeError:  # not ours: the reader thread's, or never taken
-                pass
-
-    def _read_for(self, task: Task, window: float, sock_fd: int, channel: Channel) -> None:
-        """``read_answer``'s loop (read lock held)."""
-        waiter = self._waiter
-        if waiter is None:  # made again when an output pipe is gone
-            waiter = self._waiter = select.poll()
-            waiter.register(sock_fd, select.POLLIN)
-            for fd in self._watched:
-                waiter.register(fd, select.POLLIN)
-        future = task.future
-        end = time.perf_counter() + window
-        while not future.done():
-            events = self._poll(waiter, end)
-            if not events:
-                return
-            if any(mask & _HANGUP for _fd, mask in events):
-                return  # it died or closed a stream: the reader thread sees to it
-            owed = list(self.held)
-            answered = any(fd == sock_fd for fd, _mask in events)
-            try:
-                if len(events) > answered:  # output before the answer: shown first
-                    self._drain(self.task.output if self.task is not None else self._last)
-                if not answered:
-                    continue
-                try:
-                    alive = channel.reader.pump(socket.MSG_DONTWAIT)
-                except (BlockingIOError, ConnectionResetError):
-                    return
-                if not alive:
-                    return  # EOF: the reader thread reads it again and reports the death
-                self._frames(channel)
-            except BaseException as exc:
-                # Half-handled: the stream or the pool's view of it cannot be trusted. The
-                # worker goes; the calls whose answers were read and not settled fail; the
-                # reader thread reports the rest as a death.
-                message = f"worker pid {self.pid}: reading its answer failed: {exc!r}"
-                self._broken = exc if isinstance(exc, Exception) else BrokenWorker(message)
-                self.kill()
-                _break([t for t in owed if t not in self.held and not t.future.done()], message)
-                if isinstance(exc, Exception):
-                    return
-                raise
-
-    def _poll(self, waiter: select.poll, end: float) -> list[tuple[int, int]]:
-        """``read_answer``'s wait for what the worker sends, until ``end``: with a CPU to
-        spare, polled for a moment first while its calls are answered back to back
-        (``protocol.Spin``). Past ``end``: what is there already."""
-        return self._spin.wait(
-            lambda: waiter.poll(0) or None, lambda timeout: waiter.poll((timeout or 0.0) * 1e3), end
-        )
-
-    _hello_seen = False
-    _preloading = False
-    _deadline = 0.0
-
-    @property
-    def preloading(self) -> bool:
-        """Between HELLO and READY: importing what the pool learned."""
-        return self._preloading
-
-    def _notice(self, kind: int, payload: bytes | bytearray) -> None:
-        """A frame that answers no call."""
-        channel = self.channel
-        assert channel is not None
-        if kind == protocol.HELLO and not self._hello_seen:
-            self._hello_seen = True
-            self._hello(payload)
-            channel.map_status()
-            modules = self.listener.worker_hello(self)
-            if modules:  # it imports them, then says READY
-                self._preloading = True
-                self._deadline = time.monotonic() + PRELOAD_SECONDS + self.startup_timeout
-                self.preload(modules)
-            else:
-                self._become_ready()
-        elif kind == protocol.READY and self._preloading:
-            self._preloading = False
-            self._become_ready()
-        elif kind == protocol.FREE:
-            channel.freed(payload)
-        elif kind == protocol.DROP:
-            channel.dropped(payload)
-        elif kind == protocol.IMPORTS and self._hello_seen:  # a call may precede READY
-            modules = json.loads(payload)
-            if isinstance(modules, list):
-                self.listener.imports_learned(self, [m for m in modules if isinstance(m, str)])
-        else:
-            raise protocol.ProtocolError(f"unexpected frame kind {kind}")
-
-    def _become_ready(self) -> None:
-        self.ready = True
-        self.listener.worker_ready(self)
-        self.flush()
-
-    def _hello(self, payload: bytes | bytearray) -> None:
-        hello: dict[str, Any] = json.loads(payload)
-        if hello.get("version") != protocol.PROTOCOL_VERSION:
-            self.kill()
-            raise WorkerError(
-                f"worker pid {self.pid} speaks protocol {hello.get('version')}, "
-                f"the driver {protocol.PROTOCOL_VERSION}: mixed jupyter-runtimeenv versions"
-            )
-        writer = self.channel.reader.peer if self.channel is not None else None
-        if hello.get("pid") != writer:  # the credentials of the bytes say who wrote them
-            raise protocol.ProtocolError(f"HELLO says pid {hello.get('pid')}, written by {writer}")
-        failed = hello.get("setup_error")
-        if failed:
-            self.kill()
-            raise WorkerSetupError(
-                f"worker pid {self.pid} did not start: worker_process_setup_hook"
-                f" {failed['hook']} raised {failed['type']}: {failed['message']}",
-                hook=str(failed["hook"]),
-                traceback=str(failed["traceback"]),
-            )
-
-    def _answered(self, answers: list[tuple[int, bytes | bytearray]]) -> OutputTarget:
-        """Answers of the oldest calls held, in order: hand the worker its next calls, then
-        settle the futures."""
-        if not self.ready:
-            raise protocol.ProtocolError("an answer before the worker was ready")
-        durations = [_duration(p) if k == protocol.RETURN else None for k, p in answers]
-        tasks = self.listener.tasks_answered(self, durations)
-        if len(tasks) < len(answers):
-            _break(tasks, f"worker pid {self.pid} answered calls it was not given")
-            raise protocol.ProtocolError(f"{len(answers)} answers for {len(tasks)} calls")
-        self.flush()  # the worker's next calls go out before the waiters wake: keeps it busy
-        for forwarder in self._forwarders.values():
-            forwarder.flush(tasks[-1].output)
-        channel = self.channel
-        assert channel is not None
-        for index, (task, (kind, payload)) in enumerate(zip(tasks, answers, strict=True)):
-            value: Any
-            try:
-                if kind == protocol.SKIP:
-                    if protocol.ID.unpack(payload)[0] != task.call.task_id:
-                        raise protocol.ProtocolError(f"SKIP of a call other than {task.id}")
-                    continue  # its future was cancelled: nothing to settle
-                value, failed = channel.outcome(task, kind, payload), False
-            except protocol.ProtocolError as exc:
-                _break(tasks[index:], f"worker pid {self.pid} broke the protocol: {exc}")
-                raise
-            except Exception as exc:
-                value, failed = exc, True
-            del payload
-            if failed:
-                task.future.settle_exception(value)
-            else:
-                task.future.settle_result(value)
-        return tasks[-1].output
-
-    def _drain(self, target: OutputTarget | None) -> None:
-        """Read the output pipes until they are empty (read lock held, or the reader done)."""
-        for fd, forwarder in self._forwarders.items():
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    data = b""
-                if not data:  # EOF: the process is gone or closed its stream
-                    if fd in self._watched:
-                        self._watched.discard(fd)
-                        self._waiter = None
-                        if self._poller is not None:
-                            self._poller.unregister(fd)
-                    break
-                if not self.ready and forwarder.stream == 2:
-                    self._startup_tail = (self._startup_tail + data)[-_TAIL_BYTES:]
-                forwarder.feed(data, target)
-
     def _died(self) -> WorkerError:
         code = self._exit_code()
         if not self.ready:
@@ -713,19 +472,6 @@ def _partial_due(forwarders: dict[int, StreamForwarder]) -> float | None:
     """The earliest time a forwarder's pending partial line is to be written."""
     dues = [due for f in forwarders.values() if (due := f.due()) is not None]
     return min(dues, default=None)
-
-
-def _duration(payload: bytes | bytearray) -> int:
-    """A RETURN's call duration (ns); its head is checked when the value is loaded."""
-    if len(payload) < protocol.RETURN_HEAD.size:
-        raise protocol.ProtocolError(f"RETURN of {len(payload)} bytes is too short")
-    duration: int = protocol.RETURN_HEAD.unpack_from(payload)[1]
-    return duration
-
-
-def _break(tasks: list[Task], message: str) -> None:
-    for task in tasks:
-        task.future.settle_exception(BrokenWorker(message))
 
 
 def _describe_exit(code: int | None) -> str:
