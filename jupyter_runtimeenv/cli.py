@@ -362,6 +362,23 @@ def _install_kernelspec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_at_once(code: int) -> None:
+    """End the process now if nothing is left to finalise but the output: no other thread
+    (a tree's hashing pool), no agent, the index closed. The interpreter's finalisation
+    (modules torn down, the GC) is ~7 ms of a cached build's ~75 (21 runs, load 2.6). If
+    the output cannot be flushed (a closed pipe), Python's own exit reports it as before."""
+    import threading
+
+    if threading.active_count() != 1:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import sqlite3
@@ -376,6 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             done, detach = _cached_build(args)
             if done is not None:
+                detach()
+                detach = _nothing
+                if argv is None:  # the program itself (not a caller's function call)
+                    _exit_at_once(done)
                 return done
         import asyncio
 

@@ -224,3 +224,23 @@ def test_a_cache_others_may_read_is_left_to_the_agent(project: Path, cache_dir: 
     assert agent
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
     assert json.loads(again.stdout)["env_id"] == json.loads(first.stdout)["env_id"]
+
+
+def test_a_cached_build_as_a_program_prints_everything(tmp_path: Path, cache_dir: Path) -> None:
+    """``python -m jupyter_runtimeenv build`` of a cached env with no tree (so no thread):
+    the program ends without the interpreter's finalisation once its output is flushed
+    (``cli._exit_at_once``); the output is whole, the exit code 0, the index usable."""
+    values = {f"V{i}": "x" * 200 for i in range(200)}  # ~50 KB of JSON: more than a buffer
+    spec = json.dumps({"env_vars": values})
+    first = run(cache_dir, "build", spec, "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    for _ in range(2):
+        again = run(cache_dir, "build", spec, "--json", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert again.stderr == ""
+        out = json.loads(again.stdout)
+        assert out["context"]["env_vars"] == json.loads(first.stdout)["context"]["env_vars"]
+        assert out["env_id"] == json.loads(first.stdout)["env_id"]
+    listed = run(cache_dir, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["env_id"] for e in json.loads(listed.stdout)] == [out["env_id"]]
