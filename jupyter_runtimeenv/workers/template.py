@@ -100,12 +100,27 @@ class Template:
         self._spare = 0
         #: Spares the template replaced without handing them out (they died): to reap.
         self._dead: list[int] = []
+        #: Set when ``start`` has returned (``stop`` waits for it: what a start launches
+        #: after a stop is reaped by the start, before the stop returns).
+        self._start_done = threading.Event()
+        #: The thread running ``start`` (0: none yet; a stop in that thread does not wait).
+        self._starter = 0
 
     def __repr__(self) -> str:
         return f"<Template {self.python} pid={self.pid} {self.state}>"
 
     def start(self) -> None:
         """Start the process and wait for its HELLO (in a background thread)."""
+        self._starter = threading.get_ident()
+        try:
+            self._start()
+        finally:
+            self._start_done.set()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self.state != "starting":  # stopped before it began: launch nothing
+                return
         ours, theirs = socket.socketpair()
         life = lifeline.lifeline_fd()
         argv = [
@@ -173,8 +188,9 @@ class Template:
 
     def _give_up(self, ours: socket.socket) -> None:
         """``start`` ends short of ready: stop the template, or, if ``stop`` ran meanwhile
-        (it only shut our socket for writing: ``start`` reads it), read what the template
-        said of spares until its EOF, close, and reap them."""
+        (it only shut our socket for writing: ``start`` reads it, or it ran before the
+        launch), read what the template said of spares until its EOF, close, and reap the
+        template and its spares."""
         with self._lock:
             mine = self._sock is ours
         if mine:
@@ -182,7 +198,7 @@ class Template:
             return
         self._drain(ours)
         ours.close()
-        self._reap_spares(SPARE_REAP_WAIT)
+        self._reap_all()  # stop() ran before the launch, so it could not
 
     def _drain(self, sock: socket.socket) -> None:
         """EOF to the template (it exits), and what it said of spares until its own EOF."""
@@ -297,6 +313,16 @@ class Template:
             self._drain(sock)
             sock.close()
         self.ready.set()
+        if was == "starting" and self._starter not in (0, threading.get_ident()):
+            # A start under way may launch the template only now (its launch waits for
+            # the launcher thread): it sees the stop and reaps what it made; wait for it,
+            # so that nothing of ours is left unreaped once stop() returns.
+            self._start_done.wait(STARTUP_TIMEOUT)
+        self._reap_all()
+
+    def _reap_all(self) -> None:
+        """Wait for the template to exit (killed after 10 s), reap it, its spares and the
+        spares it cloned without telling (``_reap_orphans``)."""
         proc = self._proc
         if proc is not None:
             try:

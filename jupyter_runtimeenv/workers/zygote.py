@@ -79,6 +79,9 @@ def start_time_settings(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 _lock = threading.Lock()
 _Key = tuple[tuple[str, int, int, int], tuple[tuple[str, str], ...]]
 _templates: dict[_Key, Template] = {}
+#: Templates out of the registry whose stop (in another thread) may not have returned yet:
+#: ``stop_all`` stops them too, so that it returns with everything of theirs reaped.
+_retiring: set[Template] = set()
 _janitor: threading.Thread | None = None
 
 
@@ -138,7 +141,8 @@ def _template(
         template = _templates.get(key)
         if template is None or template.state == "stopped":
             if template is not None:  # found dead by a fork: reap it and its spare
-                threading.Thread(target=template.stop, daemon=True).start()
+                _retiring.add(template)
+                threading.Thread(target=_retire, args=(template,), daemon=True).start()
             template = Template(identity[0], base, entry)
             template.idle_timeout = idle_timeout  # the first pool's; the largest later
             _templates[key] = template
@@ -164,10 +168,19 @@ def templates() -> list[Template]:
 def stop_all() -> None:
     """Stop every template (tests; a driver that wants nothing left running)."""
     with _lock:
-        stopping = list(_templates.values())
+        stopping = [*_templates.values(), *_retiring]
         _templates.clear()
     for template in stopping:
         template.stop()
+
+
+def _retire(template: Template) -> None:
+    """Stop a template taken out of the registry (``_retiring``, under ``_lock``)."""
+    try:
+        template.stop()
+    finally:
+        with _lock:
+            _retiring.discard(template)
 
 
 def _reap_idle() -> None:
@@ -185,10 +198,11 @@ def _reap_idle() -> None:
                 for key, t in _templates.items()
                 if t.state == "ready" and now - t.last_used > t.idle_timeout
             ]
-            for key, _ in idle:
+            for key, template in idle:
                 del _templates[key]
+                _retiring.add(template)
         for _, template in idle:
-            template.stop()
+            _retire(template)
 
 
 def _after_fork_in_child() -> None:
@@ -201,6 +215,7 @@ def _after_fork_in_child() -> None:
             with contextlib.suppress(OSError):
                 sock.close()
     _templates.clear()
+    _retiring.clear()
     _lock = threading.Lock()
     _janitor = None
 

@@ -18,6 +18,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from processes import cmdline, of, survivors
 
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
-from jupyter_runtimeenv.workers import zygote
+from jupyter_runtimeenv.workers import lifeline, process, zygote
 from jupyter_runtimeenv.workers.pool import Pool
 
 pytestmark = pytest.mark.skipif(
@@ -363,3 +364,43 @@ def test_a_dead_spare_is_reaped_and_the_worker_forked_at_once(
     assert worker["forked"], "the worker was not forked when the spare was dead"
     assert same_but_spawned(worker) == same_but_spawned(run_snapshot(ctx, pools, spawn=True))
     assert reaped(spare), "the dead spare was left a zombie"
+
+
+def test_a_template_stopped_while_it_is_launched_is_reaped_before_stop_returns(
+    ctx: EnvContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template's launch waits its turn on the launcher thread (every worker and template
+    is started there: seconds under CPU hogs). A stop in that wait found no process, reaped
+    nothing and returned; the start then launched the template, saw the stop and gave up
+    without waiting for it: a zombie for the driver's life (the one seen at the teardown of
+    test_learned_imports under two hogs was a child nobody reaped). Here the launch is held
+    (a wrapper around the real one, which waits for the test) until the stop runs."""
+    launching, go = threading.Event(), threading.Event()
+    real = lifeline.launch
+    launched: list[int] = []
+
+    def held(start: Callable[[], Any]) -> Any:
+        launching.set()
+        assert go.wait(60)
+        proc = real(start)
+        launched.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(lifeline, "launch", held)
+    template = zygote.Template(ctx.python, dict(os.environ), process.ENTRY)
+    starting = threading.Thread(target=template.start, daemon=True)
+    starting.start()
+    try:
+        assert launching.wait(60)
+        threading.Timer(0.2, go.set).start()  # the launch goes on while stop() runs
+        template.stop()
+        assert launched, "stop() returned before the launch it raced"
+        assert reaped(launched[0]), "the template launched after its stop is not reaped"
+        assert template.state == "stopped"
+    finally:
+        go.set()
+        starting.join(60)
+        for pid in launched:  # a failure's leftovers: ours until reaped
+            if not reaped(pid):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
