@@ -289,14 +289,6 @@ def _run() -> None:
             shutil.rmtree(spare.path, ignore_errors=True)
 
 
-#: The spares thread sleeps ``_YIELD_S`` after every ``_YIELD_EVERY`` links. Each link lets
-#: the GIL go and takes it back before a thread woken for it runs (~30 us here), so a thread
-#: of the process waiting for the GIL (the server's loop; an embedded agent's driver sending
-#: a new env's first task) could wait a whole switch interval (5 ms) each time.
-_YIELD_EVERY = 64
-_YIELD_S = 0.0002
-
-
 def _link_spare(tree: Tree, store: str, path: Path) -> None:
     """Lay ``tree`` out at ``path`` as links to its blobs, unchecked: the build that takes
     the spare checks every file it keeps (``_update``), so a touched blob linked here is
@@ -307,10 +299,8 @@ def _link_spare(tree: Tree, store: str, path: Path) -> None:
     with open_dir(store) as store_fd, open_dir(str(path)) as root_fd:
         for rel_dir in tree.dirs:  # parents first
             os.mkdir(rel_dir, dir_fd=root_fd)
-        for i, entry in enumerate(tree.entries, 1):
+        for entry in tree.entries:
             link(relative(entry.blob_name), entry.rel, src_dir_fd=store_fd, dst_dir_fd=root_fd)
-            if i % _YIELD_EVERY == 0:
-                time.sleep(_YIELD_S)
 
 
 def _next() -> _Spare | None:
