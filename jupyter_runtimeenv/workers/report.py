@@ -56,8 +56,13 @@ def rss_of(pid: int) -> int | None:
 
 
 class CpuMeter:
-    """Percent of one core each process used between two looks (None at the first look,
-    or when it cannot be read: gone, not ours)."""
+    """Percent of one core each process used since the last look; at the first look, since
+    the process started (a worker first seen busy shows its CPU at once, not one report
+    interval later). None when it cannot be read (gone, not ours) or the process is too
+    young to say (its start time has the kernel's clock-tick resolution)."""
+
+    #: A first look at a process younger than this says nothing (seconds).
+    MIN_AGE = 0.1
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[float, float]] = {}
@@ -66,20 +71,29 @@ class CpuMeter:
         try:
             import psutil
 
-            times = psutil.Process(pid).cpu_times()
+            process = psutil.Process(pid)
+            times = process.cpu_times()
+            started = None if pid in self._seen else process.create_time()
         except Exception:  # gone between the report's pids and now, or no psutil
             self._seen.pop(pid, None)
             return None
         used, now = float(times.user + times.system), time.monotonic()
         before = self._seen.get(pid)
         self._seen[pid] = (used, now)
-        if before is None or now <= before[1]:
+        if before is None:
+            age = time.time() - started if started is not None else 0.0
+            return _share(used, age) if age >= self.MIN_AGE else None
+        if now <= before[1]:
             return None
-        return round(max(0.0, 100.0 * (used - before[0]) / (now - before[1])), 1)
+        return _share(used - before[0], now - before[1])
 
     def forget_except(self, pids: set[int]) -> None:
         for pid in [p for p in self._seen if p not in pids]:
             del self._seen[pid]
+
+
+def _share(used: float, elapsed: float) -> float:
+    return round(max(0.0, 100.0 * used / elapsed), 1)
 
 
 _cpu = CpuMeter()
