@@ -21,6 +21,7 @@ from typing import Any
 
 from ..context.model import CONTEXT_FORMAT
 from ..spec.ids import is_env_id, is_env_id_prefix
+from .cache_hit import record_use
 from .cache_index import chunks, field_names
 from .cache_resources import ResourceIndex
 
@@ -251,24 +252,14 @@ class EnvIndex(ResourceIndex):
                 "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
                 (env_id, holder, os.getpid(), now),
             )
-            db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
-            db.execute(
-                "UPDATE resources SET last_used = ? WHERE uri IN "
-                "(SELECT uri FROM env_resources WHERE env_id = ?)",
-                (now, env_id),
-            )
+            record_use(db, env_id, now)
         return new
 
     def touch_env(self, env_id: str) -> None:
         """A use of the env now: its last use and its resources' (LRU eviction)."""
         now = time.time()
         with self._tx() as db:
-            db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
-            db.execute(
-                "UPDATE resources SET last_used = ? WHERE uri IN "
-                "(SELECT uri FROM env_resources WHERE env_id = ?)",
-                (now, env_id),
-            )
+            record_use(db, env_id, now)
 
     def remove_ref(self, env_id: str, holder: str) -> bool:
         """Drop ``holder``'s reference; True if there was one."""

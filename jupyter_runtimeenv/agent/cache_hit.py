@@ -119,11 +119,17 @@ def _touch_if_ready(db: sqlite3.Connection, env_id: str) -> dict[str, Any] | Non
     ).fetchall()
     if any(path is None or not os.path.isdir(path) for (path,) in paths):
         return None
-    now = time.time()
+    record_use(db, env_id, time.time())
+    return context
+
+
+def record_use(db: sqlite3.Connection, env_id: str, now: float) -> None:
+    """A use of ``env_id`` at ``now``: its last use and its resources' (LRU eviction), in
+    the caller's transaction. The one place that says it (the CLI's hit here, the agent's
+    ``EnvIndex.add_ref`` and ``touch_env``)."""
     db.execute("UPDATE envs SET last_used = ? WHERE env_id = ?", (now, env_id))
     db.execute(
         "UPDATE resources SET last_used = ? WHERE uri IN "
         "(SELECT uri FROM env_resources WHERE env_id = ?)",
         (now, env_id),
     )
-    return context
