@@ -158,7 +158,7 @@ export function WorkerRow(props: {
         </div>
         <div className="jp-RuntimeEnv-workerOf">
           {worker.cpu !== undefined && worker.cpu !== null && (
-            <span title="CPU since the kernel's previous report (100% = one core)">
+            <span title="CPU since the kernel's previous report, or since the worker started (100% = one core)">
               CPU {Math.round(worker.cpu)}% ·{' '}
             </span>
           )}

@@ -62,7 +62,7 @@ export interface IWorker {
   rss: number | null;
   /** What it runs now (function or cell name) and since when (epoch seconds). */
   task?: { name: string; started: number } | null;
-  /** Percent of one core it used since the kernel's previous report. */
+  /** Percent of one core it used since the kernel's previous report (since it started, at its first). */
   cpu?: number | null;
 }
 
