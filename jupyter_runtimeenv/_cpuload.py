@@ -4,8 +4,9 @@ Read from ``/proc/loadavg``'s fourth field (``"0.10 0.20 0.30 2/123 4567"``: 2 r
 123), the count at this instant, the reader among them (the load averages lag by seconds).
 One reader for every caller; each caller states its own rule where it asks:
 
-- ``plugins/_spares`` lays a spare tree out at once when a core is free (``runnable()``
-  below ``cpus()``, read when a build ends);
+- ``plugins/_spares`` lays a spare tree out soon after a build when the build waited for a
+  CPU less than a quarter of its time (``cpu_waits()`` at its start and end), or where the
+  kernel keeps no such count, when ``runnable()`` is below ``cpus()`` as the build ends;
 - ``workers/protocol.Spin`` polls for a peer's next frame only while no task would wait for
   the CPU it takes (through a ``Gauge``: read at most every ``EVERY`` seconds per process,
   and sooner after a count that rose, so that a task woken for an instant does not stop the
@@ -21,6 +22,8 @@ import os
 
 #: Linux's; elsewhere the count is unknown (``None``) and every caller takes it as busy.
 LOADAVG = "/proc/loadavg"
+#: The kernel's CPU pressure stall information (Linux 4.20+); elsewhere ``cpu_waits`` is None.
+PSI = "/proc/pressure/cpu"
 #: How long a ``Gauge`` keeps a count at most (seconds).
 EVERY = 0.02
 #: How soon a ``Gauge`` reads again a count that rose (or its first after a pause).
@@ -37,6 +40,16 @@ def runnable(path: str = LOADAVG) -> int | None:
         finally:
             os.close(fd)
         return int(data.split()[3].partition(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_waits() -> int | None:
+    """Microseconds, since boot, in which a runnable task waited for a CPU (``PSI``'s
+    ``some total``); None where the kernel does not keep it."""
+    try:
+        with open(PSI, "rb") as f:
+            return int(f.readline().split(b"total=")[1])
     except (OSError, ValueError, IndexError):
         return None
 

@@ -42,7 +42,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._cpuload import cpus, runnable
+from .._cpuload import cpu_waits, cpus, runnable
 from ._blobs import BLOB_MTIME_NS, relative
 from ._hashing import Tree
 from ._layout import LayOut
@@ -202,21 +202,10 @@ def _offer(key: _Key, tree: Tree, cache_root: Path, mark: _Mark | None = None) -
 _Mark = tuple[float, "int | None"]
 #: A build that waited for a CPU more than this share of its own time found no core free.
 _WAITED_MAX = 0.25
-_PSI = "/proc/pressure/cpu"
 
 
 def _clock() -> _Mark:
-    return time.monotonic(), _cpu_waits()
-
-
-def _cpu_waits() -> int | None:
-    """Microseconds, since boot, in which a runnable task waited for a CPU (the kernel's
-    pressure stall information, ``some total``); None where the kernel does not keep it."""
-    try:
-        with open(_PSI, "rb") as f:
-            return int(f.readline().split(b"total=")[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    return time.monotonic(), cpu_waits()
 
 
 def _free(mark: _Mark | None) -> bool:
@@ -229,7 +218,7 @@ def _free(mark: _Mark | None) -> bool:
     quiet machine (2 runnable: the caller and one more), deferring the spare past the next
     edit of ``run.py``'s W5 one byte."""
     if mark is not None and mark[1] is not None:
-        waited = _cpu_waits()
+        waited = cpu_waits()
         elapsed_us = (time.monotonic() - mark[0]) * 1e6
         if waited is not None and elapsed_us >= 500:
             return waited - mark[1] < _WAITED_MAX * elapsed_us

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_runtimeenv import _cpuload
 from jupyter_runtimeenv.plugins import _hashing, _spares, _store
 from jupyter_runtimeenv.plugins._hashing import Tree
 
@@ -234,7 +235,7 @@ def test_a_core_is_free_when_the_build_did_not_wait_for_one(
     wait; busy when it saw more waiting than its length; the instant count (``_idle``)
     where the kernel keeps no such file."""
     psi = tmp_path / "cpu"
-    monkeypatch.setattr(_spares, "_PSI", str(psi))
+    monkeypatch.setattr(_cpuload, "PSI", str(psi))
 
     def waits(total: int) -> None:
         psi.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n")
