@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 # imported once the arguments are parsed: ``--help`` and usage errors answer at once, and
 # every command pays only for what it runs (tests/ipython/test_import_budget.py keeps it so).
 
-CLI_HOLDER = "cli"
+
+def _holder() -> str:
+    """This command's reference to the env it builds, one per process: references are kept
+    by env and holder name, so two builds of one env at once under one name would share a
+    single reference, and the first to end would drop the other's hold."""
+    return f"cli:{os.getpid()}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -217,12 +222,13 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
 
         agent.add_listener(show)
     started = time.perf_counter()
+    holder = _holder()
     try:
-        await agent.ensure(spec, CLI_HOLDER, retry=args.retry)
+        await agent.ensure(spec, holder, retry=args.retry)
         context = await agent.wait(spec.env_id)
     finally:
         # The CLI's reference lasts as long as the command: built envs stay cached, unheld.
-        await agent.release(spec.env_id, CLI_HOLDER)
+        await agent.release(spec.env_id, holder)
     return _show_built(args, spec, context, time.perf_counter() - started)
 
 

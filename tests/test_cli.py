@@ -10,6 +10,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,79 @@ def test_a_cached_build_as_a_program_prints_everything(tmp_path: Path, cache_dir
     listed = run(cache_dir, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [e["env_id"] for e in json.loads(listed.stdout)] == [out["env_id"]]
+
+
+GATE = '''
+import os, time
+from jupyter_runtimeenv.plugins import RuntimeEnvPlugin
+
+class Gate(RuntimeEnvPlugin):
+    """Builds once the file named by its value exists (up to 60 s)."""
+    name = "gate"
+
+    def uris(self, value, spec):
+        return ["gate://" + value]
+
+    async def create(self, uri, value, build):
+        import asyncio
+        for _ in range(600):
+            if os.path.exists(value):
+                return 1
+            await asyncio.sleep(0.1)
+        raise RuntimeError("the gate never opened")
+'''
+
+
+def _holders(cache: Path) -> set[str]:
+    if not (cache / "index.sqlite").exists():
+        return set()
+    with contextlib.closing(sqlite3.connect(f"file:{cache}/index.sqlite?mode=ro", uri=True)) as db:
+        try:
+            return {holder for (holder,) in db.execute("SELECT holder FROM refs")}
+        except sqlite3.OperationalError:  # the first agent is still making the index
+            return set()
+
+
+def test_two_builds_of_one_env_at_once_each_hold_it(tmp_path: Path, cache_dir: Path) -> None:
+    """Each ``build`` holds the env under its own name (``cli:<pid>``): with one name for
+    every CLI process they shared one reference (references are kept by env and holder), so
+    the first build to end dropped the hold of the other, still running."""
+    (tmp_path / "gate_plugin.py").write_text(GATE)
+    gate = tmp_path / "open"
+    spec = json.dumps({"plugins": {"gate_plugin.Gate": str(gate)}})
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIMEENV_CACHE": str(cache_dir),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = [sys.executable, "-m", "jupyter_runtimeenv", "build", spec, "--json", "--quiet"]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(2):
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=tmp_path,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        wanted = {f"cli:{p.pid}" for p in procs}
+        deadline = time.monotonic() + 60
+        while _holders(cache_dir) != wanted:  # both builds wait at the gate, each holding
+            assert time.monotonic() < deadline, (_holders(cache_dir), wanted)
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.05)
+        gate.write_text("open")
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    assert len({json.loads(out)["env_id"] for out, _ in outs}) == 1
+    assert _holders(cache_dir) == set()  # each released its own hold

@@ -63,8 +63,9 @@ def name_holder(holder: str, paths: dict[str, str]) -> dict[str, str]:
         elif not rest:  # the provisioner's: the kernel runs in this env
             label += " (kernel's env)"
         return {"id": holder, "label": label, "kind": "kernel", "kernel_id": kernel_id}
-    if holder == "cli":
-        return {"id": holder, "label": "CLI", "kind": "cli"}
+    if holder == "cli" or holder.startswith("cli:"):  # cli:<pid>: a `jupyter runtimeenv build`
+        pid = holder[4:]
+        return {"id": holder, "label": f"CLI (pid {pid})" if pid else "CLI", "kind": "cli"}
     if holder == DEFAULT_HOLDER:
         return {"id": holder, "label": "REST (user)", "kind": "user"}
     if holder == REBUILD_HOLDER:

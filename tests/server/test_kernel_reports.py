@@ -27,6 +27,12 @@ def test_holders_are_named_as_users_know_them() -> None:
     assert name_holder("kernel:k1", paths)["label"] == "work/a.ipynb (kernel's env)"
     assert name_holder("kernel:zz123456789", paths)["label"] == "kernel zz123456 (kernel's env)"
     assert name_holder("cli", paths)["label"] == "CLI"
+    # A `jupyter runtimeenv build`'s own reference names its process.
+    assert name_holder("cli:4242", paths) == {
+        "id": "cli:4242",
+        "label": "CLI (pid 4242)",
+        "kind": "cli",
+    }
     assert name_holder("rebuild", paths)["label"] == "rebuild (sidebar)"
     assert name_holder("name:gpu", paths)["label"] == "env gpu"
     assert name_holder("odd", paths) == {"id": "odd", "label": "odd", "kind": "other"}
