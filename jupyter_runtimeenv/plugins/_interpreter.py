@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import site
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -54,6 +53,8 @@ def interpreter(executable: str | None = None) -> Interpreter:
     with _lock:
         if key in _memo:
             return _memo[key]
+    import subprocess  # here: the agent's own interpreter (a CLI's parse) asks no process
+
     try:
         out = subprocess.run(
             [executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True

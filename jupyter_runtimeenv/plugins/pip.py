@@ -37,13 +37,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packaging.version import InvalidVersion, Version
-
 from ..context import ContextBuilder
 from ..errors import BuildError
 from ..spec.model import sha256_of
 from . import _requirements as reqs
-from ._constraints import installed_versions, pins_for
 from ._interpreter import Interpreter, interpreter
 from ._support import write_support
 from ._uv import installer_env, uv_bin, uv_cache
@@ -191,6 +188,9 @@ class PipPlugin(RuntimeEnvPlugin):
     ) -> Path | None:
         """Write the parent's versions as a constraints file (see ``_constraints``); its path,
         or ``None`` when the parent has nothing to pin. Blocking: run in a thread."""
+        # Here, not with the module: parsing a pip spec needs none of packaging (cli.py).
+        from ._constraints import installed_versions, pins_for
+
         lines, free = pins_for(installed_versions(base.site_dirs), value["packages"])
         note = f"; the request pins {', '.join(free)} otherwise" if free else ""
         if not lines:
@@ -238,6 +238,8 @@ def _check_support(site_packages: Path) -> None:
     """Refuse a venv whose own packages would shadow what workers need."""
     if not site_packages.is_dir():
         return
+    from packaging.version import InvalidVersion, Version
+
     floor = reqs.cloudpickle_floor()
     for entry in site_packages.iterdir():
         name, _, rest = entry.name.partition("-")
