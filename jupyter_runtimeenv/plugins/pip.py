@@ -47,6 +47,10 @@ from ._uv import installer_env, uv_bin, uv_cache
 from .base import BuildContext, RuntimeEnvPlugin
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from packaging.specifiers import SpecifierSet
+
     from ..spec import RuntimeEnvSpec
 
 PARENT_PTH = "_jupyter_runtimeenv_parent.pth"
@@ -105,6 +109,8 @@ class PipPlugin(RuntimeEnvPlugin):
         return f"{self.name}: {packages}"
 
     async def create(self, uri: str, value: Any, build: BuildContext) -> int:
+        import asyncio  # loaded already: this runs on the agent's loop
+
         venv = build.target
         installer = build.spec.config.installer
         env = installer_env(build.cache_root)
@@ -121,12 +127,21 @@ class PipPlugin(RuntimeEnvPlugin):
                 cwd=venv,
                 what="creating the venv (uv venv)",
             )
-            if value["packages"]:
-                await self._install(value, venv, python, installer, env, build, base)
-            if installer == "pip":
-                final = build.resource_path(uri)
-                await build.to_thread(_fix_scripts, venv, final)
-            await build.to_thread(_check_support, venv_site_packages(venv, base.version))
+            # What this package requires of cloudpickle (its own metadata: ~15 ms with
+            # importlib.metadata's import) is read in a thread while the installer works.
+            floor = asyncio.ensure_future(build.to_thread(reqs.cloudpickle_floor))
+            try:
+                if value["packages"]:
+                    await self._install(value, venv, python, installer, env, build, base)
+                if installer == "pip":
+                    final = build.resource_path(uri)
+                    await build.to_thread(_fix_scripts, venv, final)
+                site_packages = venv_site_packages(venv, base.version)
+                await build.to_thread(_check_support, site_packages, await floor)
+            finally:
+                if not floor.done():
+                    floor.cancel()
+                floor.add_done_callback(_retrieved)
             if value["pip_check"]:
                 check = (
                     [uv_bin(), "pip", "check", "--python", python]
@@ -234,13 +249,19 @@ def _failure_message(installer: str, wanted: list[str], tail: Sequence[str]) -> 
     return message
 
 
-def _check_support(site_packages: Path) -> None:
-    """Refuse a venv whose own packages would shadow what workers need."""
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Nothing awaits a read cut short by a failed install: its outcome is taken here."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _check_support(site_packages: Path, floor: SpecifierSet) -> None:
+    """Refuse a venv whose own packages would shadow what workers need (``floor``: what
+    this package requires of cloudpickle, ``reqs.cloudpickle_floor()``)."""
     if not site_packages.is_dir():
         return
     from packaging.version import InvalidVersion, Version
 
-    floor = reqs.cloudpickle_floor()
     for entry in site_packages.iterdir():
         name, _, rest = entry.name.partition("-")
         if not rest.endswith(".dist-info"):
