@@ -321,3 +321,52 @@ def test_two_builds_of_one_env_at_once_each_hold_it(tmp_path: Path, cache_dir: P
         assert p.returncode == 0, err
     assert len({json.loads(out)["env_id"] for out, _ in outs}) == 1
     assert _holders(cache_dir) == set()  # each released its own hold
+
+
+AT_EXIT = '''
+import atexit, os
+from jupyter_runtimeenv.plugins import RuntimeEnvPlugin
+
+class AtExit(RuntimeEnvPlugin):
+    """Registers an atexit handler that writes the file named by its value."""
+    name = "at_exit"
+
+    def uris(self, value, spec):
+        return ["at-exit://" + value]
+
+    def create(self, uri, value, build):
+        def write():
+            with open(value, "w") as f:
+                f.write("ran")
+        atexit.register(write)
+        return 1
+'''
+
+
+def test_a_build_by_the_agent_as_a_program_ends_with_its_atexit_handlers(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """``python -m jupyter_runtimeenv build`` of a new env ends without the interpreter's
+    finalisation once the agent has stopped (``cli._exit_at_once``), as a cached build
+    does: its ``atexit`` handlers still run (here one a plugin registered), its output is
+    whole, and the env is then answered from the index."""
+    (tmp_path / "at_exit_plugin.py").write_text(AT_EXIT)
+    mark = tmp_path / "handler-ran"
+    values = {f"V{i}": "x" * 200 for i in range(200)}  # ~50 KB of JSON: more than a buffer
+    spec = json.dumps({"plugins": {"at_exit_plugin.AtExit": str(mark)}, "env_vars": values})
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIMEENV_CACHE": str(cache_dir),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = [sys.executable, "-m", "jupyter_runtimeenv", "build", spec, "--json", "--quiet"]
+    built = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    assert mark.read_text() == "ran"
+    out = json.loads(built.stdout)
+    assert out["context"]["env_vars"] == values
+    mark.unlink()
+    again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["env_id"] == out["env_id"]
+    assert not mark.exists()  # answered from the index: the plugin did not build again
