@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_process import API, JupyterProcess
+from wheelhouse import make_wheelhouse
 
 #: Never in a kernel's process because of this extension.
 SERVER_SIDE = ("jupyter_server", "jupyter_events", "jsonschema", "tornado", "referencing")
@@ -217,6 +218,11 @@ NOT_FOR_A_CACHED_BUILD = (
     "jupyter_runtimeenv.agent.core",
     "jupyter_runtimeenv.agent.cache",
     "jupyter_runtimeenv.agent.build",
+    # A pip spec of simple requirement lines is parsed without packaging (its markers, tags,
+    # logging, platform, subprocess: ~16 ms), the plugins found without importlib.metadata.
+    "packaging.requirements",
+    "packaging.tags",
+    "importlib.metadata",
 )
 
 
@@ -238,7 +244,9 @@ def test_a_cli_build_of_a_cached_env_starts_no_agent(tmp_path: Path) -> None:
     code_dir.mkdir()
     for i in range(40):  # enough files for the parse to lay a spare tree out (plugins/_spares)
         (code_dir / f"m{i}.py").write_text(f"VALUE = {i}\n")
-    spec = json.dumps({"env_vars": {"BUDGET": "1"}, "working_dir": str(code_dir)})
+    wheels = make_wheelhouse(tmp_path / "wheels")
+    pip = {"packages": ["beta>=1.0"], "install_options": ["--no-index", "-f", str(wheels)]}
+    spec = json.dumps({"env_vars": {"BUDGET": "1"}, "working_dir": str(code_dir), "pip": pip})
     env = {**base_env(), "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
     outputs, loaded = [], []
     for _run in ("built", "cached"):
@@ -251,6 +259,7 @@ def test_a_cli_build_of_a_cached_env_starts_no_agent(tmp_path: Path) -> None:
         loaded.append(done.stderr.rsplit("LOADED ", 1)[1].strip())
     assert "'asyncio'" in loaded[0]
     assert "'jupyter_runtimeenv.agent.agent'" in loaded[0]
+    assert "'packaging.requirements'" in loaded[0]  # the first build installs
     assert loaded[1] == "[]", loaded[1]
     for key in ("env_id", "state", "context", "spec"):
         assert outputs[1][key] == outputs[0][key], key
