@@ -34,10 +34,13 @@ __all__ = [
     "BLOB_MTIME_NS",
     "BlobSink",
     "copy_in",
+    "create_at",
     "path_in",
     "relative",
+    "seal",
     "valid",
     "verify",
+    "write_all",
     "write_blob",
 ]
 
@@ -96,6 +99,23 @@ def _finish(fd: int, mode: int) -> None:
     if mode & _UMASK:
         os.fchmod(fd, mode)
     os.utime(fd, ns=_STAMP)
+
+
+def create_at(dir_fd: int, rel: str, mode: int) -> int:
+    """A new file ``rel`` (relative to the directory ``dir_fd``) to be written as a blob is:
+    ``seal`` it when it is whole. ``FileExistsError`` if ``rel`` is there."""
+    return os.open(rel, _CREATE, mode, dir_fd=dir_fd)
+
+
+def seal(fd: int, mode: int) -> None:
+    """Give the whole file ``fd`` a blob's mode and stamp: from then on ``valid`` says it
+    holds what was written, until something writes to it (which moves its mtime)."""
+    _finish(fd, mode)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd``."""
+    _write_all(fd, data)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

@@ -157,9 +157,18 @@ def store_file(path: str, store: str | Path, rel: str) -> FileEntry:
 
 
 def _hash_one(
-    path: str, st: os.stat_result, store: str | None, mode: int, *, cached: bool = True
+    path: str,
+    st: os.stat_result,
+    store: str | None,
+    mode: int,
+    *,
+    cached: bool = True,
+    layer: Layer | None = None,
+    rel: str = "",
 ) -> str:
-    """Read ``path`` once: hash it and, with a ``store``, store it from the same bytes."""
+    """Read ``path`` once: hash it and write it from the same bytes, as ``rel`` of the
+    ``layer`` being laid out (not stored yet: ``_layout``) or else, with a ``store``, into
+    the store."""
     known = _statcache.lookup(path, st) if cached else None
     if known is not None:
         return known
@@ -172,10 +181,12 @@ def _hash_one(
         if st.st_size <= WHOLE_MAX:
             data = _read_whole(fd, path, st.st_size)
             sha = hashlib.sha256(data).hexdigest()
-            if store is not None:
+            if layer is not None and layer.write(rel, data, mode):
+                pass  # linked into the store after the env is ready (``_layout``)
+            elif store is not None:
                 _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
         else:
-            sha = _hash_chunks(fd, path, st.st_size, store, mode)
+            sha = _hash_chunks(fd, path, st.st_size, store, mode, layer, rel)
     finally:
         os.close(fd)
     _statcache.record(path, st, sha, started)
@@ -194,20 +205,39 @@ def _read_whole(fd: int, path: str, size: int) -> bytes:
     return b"".join(exact_chunks(fd, path, size, size or 1))
 
 
-def _hash_chunks(fd: int, path: str, size: int, store: str | None, mode: int) -> str:
+def _hash_chunks(
+    fd: int,
+    path: str,
+    size: int,
+    store: str | None,
+    mode: int,
+    layer: Layer | None = None,
+    rel: str = "",
+) -> str:
     digest = hashlib.sha256()
-    sink = _blobs.BlobSink(store, mode) if store is not None else None
+    out = layer.open(rel, mode) if layer is not None else None
+    sink = _blobs.BlobSink(store, mode) if store is not None and out is None else None
+    whole = False
     try:
         for chunk in exact_chunks(fd, path, size, _CHUNK):
             digest.update(chunk)
-            if sink is not None:
+            if out is not None and layer is not None:
+                try:
+                    _blobs.write_all(out, chunk)
+                except OSError:  # a full disk: no lay-out (its build stores the file)
+                    layer.close(out, mode, ok=False, rel=rel)
+                    out = None
+            elif sink is not None:
                 sink.write(chunk)
         sha = digest.hexdigest()
         if sink is not None:
             sink.commit(blob_name(sha, mode))
+        whole = True
     finally:
         if sink is not None:
             sink.abort()
+        if out is not None and layer is not None:
+            layer.close(out, mode, ok=whole, rel=rel)
     return sha
 
 
@@ -229,8 +259,9 @@ def hash_tree(
     followed (their content is what the worker will read); symlinks to directories are not
     (they could loop or leave the tree). Over ``limit`` bytes: ``SpecError`` naming
     ``field`` (``hint`` ends its advice), raised as soon as the walk has counted that much.
-    With ``store`` (a blob directory), content read here is stored there from the same read,
-    and a tree read whole is laid out at ``lay_out`` (``LayOut``) while it is.
+    With ``store`` (a blob directory), content read here is stored there from the same read;
+    but a tree read whole with a ``lay_out`` (``LayOut``) is written there instead, file by
+    file, and stored later (``_layout.defer_store``, after its env is ready).
     """
     root = os.path.abspath(root)
     memo_key = (root, tuple(excludes), prefix)
@@ -402,7 +433,8 @@ def _hash_all(
 ) -> list[str]:
     """The sha256 of each file of ``found`` (from the stat cache, else read) whose stat is
     in ``stats`` (the walk's): every file a walk did not stat again was known before. With
-    ``lay_out`` and every file to be read, each is linked there as it is stored."""
+    ``lay_out`` and every file to be read, each is written there (``_layout.Layer``) from
+    the bytes hashed, instead of into the store."""
     sts = [stats.get(path) or os.stat(path) for _, path, _, _ in found]
     shas: list[str | None] = [
         _statcache.lookup(path, st) for (_, path, _, _), st in zip(found, sts, strict=True)
@@ -410,7 +442,7 @@ def _hash_all(
     todo = [i for i, sha in enumerate(shas) if sha is None]
     layer = None
     if lay_out is not None and store is not None and len(todo) == len(found) >= _THREADS_FROM:
-        layer = Layer.make(lay_out.path, store, [f[0] for f in found], _threads())
+        layer = Layer.make(lay_out.path, [f[0] for f in found], _threads())
 
     def run(indices: Sequence[int]) -> None:
         ok = False
@@ -418,9 +450,7 @@ def _hash_all(
             for i in indices:
                 path, st = found[i][1], sts[i]
                 mode = blob_mode(st.st_mode)
-                shas[i] = sha = _hash_one(path, st, store, mode)
-                if layer is not None:
-                    layer.link(found[i][0], blob_name(sha, mode))
+                shas[i] = _hash_one(path, st, store, mode, layer=layer, rel=found[i][0])
             ok = True
         finally:
             if layer is not None:
@@ -453,6 +483,7 @@ def _hash_all(
             # The last of this call and its threads to let go closes it (removing it unless
             # all went well): a slice still running after an interrupt links into it safely.
             lay_out.done = layer.release(ok)
+            lay_out.made = layer.made
     return done
 
 

@@ -29,6 +29,11 @@ notebook's next cell; ``benchmarks/run.py``'s W5 one byte builds again ~35 ms af
 build); a build that finds it still being laid out waits for the rest.
 The first lay-out of a source gets a spare too: the first edit is the one a user waits for
 first, and a spare is links only (no data; ``MAX_SPARES`` per process).
+
+A source's first tree, read whole at parse, is written as its own files (``_layout``), not
+links: its build takes it as any spare and then hands it to ``_layout.defer_store``; the
+thread puts those files in the store (``_layout.settle``) before it lays the next spare out
+from the store, and every build settles the store before it reads it.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from pathlib import Path
 from .._cpuload import cpu_waits, cpus, runnable
 from ._blobs import BLOB_MTIME_NS, relative
 from ._hashing import Tree
-from ._layout import LayOut
+from ._layout import LayOut, defer_store, settle
 from ._store import blob_dir, by_dir, detach_hooks, materialize, open_dir, place
 
 __all__ = ["DEFER_S", "MAX_SPARES", "adopt", "drop", "lay_out", "new_layout", "spares"]
@@ -77,6 +82,11 @@ class _Spare:
     ready: bool = False
     #: Taken away from the thread: it removes the spare instead of offering it.
     dropped: bool = False
+    #: Its files are the tree as written while it was hashed (``_layout``), not in the
+    #: store yet: the build that takes it stores them after the env is ready. ``made``:
+    #: each one's (inode, ctime_ns) as written (``_layout.Layer.made``).
+    unstored: bool = False
+    made: dict[str, tuple[int, int]] | None = None
 
 
 _lock = threading.Lock()
@@ -92,12 +102,26 @@ def lay_out(tree: Tree, cache_root: Path, target: Path, family: str) -> int:
     (its source) when there is one; returns bytes newly stored. Raises what
     ``_store.materialize`` raises. A spare of ``tree`` is then made in the background for
     the next version of ``family``."""
-    key = (str(blob_dir(cache_root)), family)
+    key = (store, family) = (str(blob_dir(cache_root)), family)
+    # A tree of an earlier build still being put in the store (``_layout``): stored first
+    # (here, or waiting for the thread), so this build finds the store as the old path
+    # (store while hashing, then link) left it.
+    settle(store)
     mark = _clock()
     stored: int | None = None
     spare = _take(key)
     if spare is not None:
         stored = _apply(spare, tree, target)
+        if stored is not None and spare.unstored:
+            # The files written at parse are now the env's: into the store after the env
+            # is ready (the spares' thread, before the next spare's links need them).
+            made = spare.made or {}
+            files = [
+                (e.rel, e.blob_name, e.size, e.mode, made[e.rel])
+                for e in tree.entries
+                if e.rel in made  # (a file it changed was linked from the store)
+            ]
+            defer_store(store, files, str(target))
     if stored is None:
         stored = materialize(tree, cache_root, target)
     _offer(key, tree, cache_root, mark)
@@ -116,7 +140,9 @@ def adopt(store: str, family: str, tree: Tree, layout: LayOut) -> None:
     ``family``: its next build takes it, as it takes any spare."""
     cache_root = Path(store).parent.parent
     key = (store, family)
-    spare = _Spare(key, cache_root, Path(layout.path), tree, ready=True)
+    spare = _Spare(
+        key, cache_root, Path(layout.path), tree, ready=True, unstored=True, made=layout.made
+    )
     with _lock:
         old = _spares.pop(key, None)
         if old is not None:
@@ -150,6 +176,7 @@ def drop(store: str) -> None:
         _changed.wait_for(lambda: not any(s.key[0] == store for s in _busy), _WAIT_S)
     for spare in gone:
         shutil.rmtree(spare.path, ignore_errors=True)
+    settle(store)  # the trees built and not stored yet: the store outlives this agent
 
 
 detach_hooks.append(drop)
@@ -261,9 +288,11 @@ def _run() -> None:
                 return
             _busy.append(spare)
         ok = False
+        store = str(blob_dir(spare.cache_root))
+        settle(store)  # the trees its builds wrote and did not store: the spare links them
         if not spare.dropped:
             try:
-                _link_spare(spare.tree, str(blob_dir(spare.cache_root)), spare.path)
+                _link_spare(spare.tree, store, spare.path)
                 ok = True
             except Exception:  # a spare is an optimisation: then there is none
                 ok = False
@@ -313,6 +342,11 @@ def _apply(spare: _Spare, tree: Tree, target: Path) -> int | None:
     except OSError:
         shutil.rmtree(spare.path, ignore_errors=True)
         return None
+    if spare.unstored and spare.tree is tree:
+        # Written by this process's hash of this very tree into its own files (no other
+        # tree links them) in the cache's tmp, where nothing else writes: nothing to check.
+        # All of it is new content (stored after the env is ready).
+        return tree.size
     try:
         return _update(spare.tree, tree, str(blob_dir(spare.cache_root)), target)
     except OSError:

@@ -3,7 +3,8 @@
 Who calls it: those plugins' ``create``, through ``build.to_thread`` (it blocks), and the
 Dask manifest. An agent ``attach``-es its store when it starts, so that a spec parsed in the
 same process stores what it hashes from the same read (``_hashing``): the build then only
-links.
+links. A tree read whole there is written as the env's own files instead and stored after
+the env is ready (``_layout``); ``materialize`` and ``ensure_stored`` settle that first.
 
 Each file's content is stored once, as a blob (``_blobs``) under
 ``<cache_root>/shared/blobs`` named by its sha256 and mode; a tree is materialised by
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import BuildError
-from . import _blobs, _statcache
+from . import _blobs, _layout, _statcache
 from ._blobs import BLOB_MTIME_NS
 from ._hashing import WHOLE_MAX, FileEntry, Tree
 
@@ -104,6 +105,7 @@ def ensure_stored(entries: Iterable[FileEntry], cache_root: Path) -> int:
     Who calls it: the Dask manifest, so a tree's content outlives its source directory.
     """
     store = str(blob_dir(cache_root))
+    _layout.settle(store)  # trees written at parse and not stored yet go in first
     stored = 0
     for entry in entries:
         if not _blobs.verify(store, entry.blob_name, entry.sha256, entry.size, entry.mode):
@@ -119,6 +121,7 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
     (it changed after the spec was parsed: parse again).
     """
     store = str(blob_dir(cache_root))
+    _layout.settle(store)  # trees written at parse and not stored yet go in first
     stored = 0
     # Every call goes through descriptors of the store and of the target's directories,
     # with names relative to them: a thousand links and stats each resolving two deep

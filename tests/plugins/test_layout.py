@@ -1,5 +1,5 @@
-"""A new tree laid out while it is hashed (``plugins/_layout.py``): the links are made by the
-hashing threads, the source's build takes the lay-out as its spare, and it is exactly the
+"""A new tree laid out while it is hashed (``plugins/_layout.py``): the files are written by
+the hashing threads, the source's build takes the lay-out as its spare, and it is exactly the
 tree a lay-out after the hash makes.
 
 Real parts: real files, the real content store, the real hashing threads, a real agent.
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_spares import shape, write
 
-from jupyter_runtimeenv.plugins import _hashing, _sources, _spares, _store
+from jupyter_runtimeenv.plugins import _blobs, _hashing, _sources, _spares, _store
 from jupyter_runtimeenv.plugins._layout import LayOut
 from jupyter_runtimeenv.spec.files import BadFile
 
@@ -47,27 +47,31 @@ def fds() -> int:
 
 
 def test_a_new_tree_is_laid_out_by_the_threads_that_hash_it(tmp_path: Path, cache: Path) -> None:
+    """Each file is written there by the thread that read and hashed it, from those bytes:
+    its own file (as ``cp -r`` makes it), not a link to a blob; the store gets them after
+    the env is ready (``tests/plugins/test_store_later.py``)."""
     src = source(tmp_path / "src")
     _hashing.forget_stat_cache()
-    linked_by: set[int] = set()
-    real = os.link
+    written_by: set[int] = set()
+    real = _blobs.create_at
 
-    def link(*args: Any, **kwargs: Any) -> None:
-        linked_by.add(threading.get_ident())
-        real(*args, **kwargs)
+    def create_at(*args: Any) -> int:
+        written_by.add(threading.get_ident())
+        return real(*args)
 
     layout = LayOut(str(cache / "tmp" / "pre"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(os, "link", link)  # observed only: every link is still made
+        mp.setattr(_blobs, "create_at", create_at)  # observed only: every file is written
         tree = _hashing.hash_tree(src, store=_store.blob_dir(cache), lay_out=layout)
     assert layout.done
-    assert threading.get_ident() not in linked_by  # the hashing threads linked, not we
+    assert written_by
+    assert threading.get_ident() not in written_by  # the hashing threads wrote, not we
     whole = tmp_path / "whole"
     _store.materialize(tree, cache, whole)
     assert shape(Path(layout.path)) == shape(whole)
-    for entry in tree.entries:  # links to the blobs
+    for entry in tree.entries:  # its own files, not the blobs
         blob = Path(_store.blob_path(cache, entry.blob_name))
-        assert (Path(layout.path) / entry.rel).stat().st_ino == blob.stat().st_ino
+        assert (Path(layout.path) / entry.rel).stat().st_ino != blob.stat().st_ino
 
 
 def test_a_tree_not_read_whole_is_not_laid_out(tmp_path: Path, cache: Path) -> None:
@@ -121,9 +125,9 @@ def test_a_failed_hash_leaves_no_lay_out_and_no_descriptor(
 def test_a_file_written_through_another_link_after_the_hash_is_not_kept(
     tmp_path: Path, cache: Path
 ) -> None:
-    """The lay-out shares its files' inodes with the blobs: a write in place through
-    another env's link between the parse and the build changes it too. The build does not
-    keep that file: it gets the content the tree was hashed with."""
+    """A write in place through another env's link to a blob between the parse and the
+    build: the lay-out's files are its own (written while hashed, not links to the blobs),
+    so the build gets the content the tree was hashed with."""
     src = source(tmp_path / "src")
     store = _store.blob_dir(cache)
     family = f"0:{src}"
