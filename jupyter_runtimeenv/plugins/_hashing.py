@@ -18,6 +18,7 @@ tree of a thousand costs its directory's listing and its own read.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import os
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CacheUnavailable
 from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
 from ..spec.patterns import check_list
 from . import _blobs, _statcache, _watch
@@ -187,10 +189,34 @@ def _hash_one(
                 _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
         else:
             sha = _hash_chunks(fd, path, st.st_size, store, mode, layer, rel)
+    except OSError as exc:
+        full = _full(exc, store, path) if store is not None else None
+        if full is None:
+            raise
+        raise full from exc
     finally:
         os.close(fd)
     _statcache.record(path, st, sha, started)
     return sha
+
+
+#: Errors of the disk under the store, not of the file read: the cache is unusable.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _full(exc: OSError, store: str, path: str) -> CacheUnavailable | None:
+    """``exc`` as the cache's disk error (a full or read-only disk, naming the store and
+    the file being stored), or None if it is not one. A tree's parse stored what it hashed:
+    a full disk there is the cache's state, not a bad spec (it said "invalid spec")."""
+    if exc.errno not in _DISK_ERRNOS:
+        return None
+    code = errno.errorcode.get(exc.errno or 0, "")
+    head, blobs = os.path.split(store.rstrip(os.sep))
+    # A cache's store is <root>/shared/blobs (``_store.blob_dir``): the error names the root.
+    root = (
+        os.path.dirname(head) if (os.path.basename(head), blobs) == ("shared", "blobs") else store
+    )
+    return CacheUnavailable(root, f"{exc.strerror} [{code}] while storing {path}")
 
 
 def _read_whole(fd: int, path: str, size: int) -> bytes:

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import SpecError
+from ..errors import CacheUnavailable, SpecError
 from ..plugins.base import RuntimeEnvPlugin
 from ..plugins.registry import ENTRY_POINT_GROUP, PluginRegistry, default_registry
 from . import files
@@ -264,12 +264,15 @@ def refresh(spec: RuntimeEnvSpec, *, registry: PluginRegistry | None = None) -> 
 
 def _call_plugin(method: Callable[..., Any], field: str, *args: Any, nest: bool = True) -> Any:
     """A plugin's ``validate`` (its ``SpecError`` nested under ``field``) or ``identity``
-    (``nest=False``: its errors name whole fields already); any other failure (a plugin bug,
-    a path with a NUL byte) is a ``SpecError`` naming ``field``."""
+    (``nest=False``: its errors name whole fields already); ``CacheUnavailable`` (a full
+    cache disk under a tree stored while it is hashed) as it is; any other failure (a plugin
+    bug, a path with a NUL byte) is a ``SpecError`` naming ``field``."""
     try:
         return method(*args)
     except SpecError as exc:
         raise (exc.within(field) if nest else exc) from None
+    except CacheUnavailable:
+        raise  # the cache's disk (a tree stored while hashed), not the spec
     except Exception as exc:
         raise SpecError(field, f"refused: {type(exc).__name__}: {exc}") from exc
 

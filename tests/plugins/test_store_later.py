@@ -14,6 +14,7 @@ agent and real worker processes, a child process killed by a real SIGKILL, a rea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 from test_spares import write
 
+from jupyter_runtimeenv.errors import CacheUnavailable
 from jupyter_runtimeenv.plugins import _blobs, _hashing, _layout, _spares, _statcache, _store
 from jupyter_runtimeenv.plugins._hashing import Tree, blob_mode
 from jupyter_runtimeenv.plugins._layout import LayOut
@@ -379,3 +381,39 @@ def test_a_full_disk_in_the_background_step_leaves_the_env_usable_and_the_store_
     assert store in message
     assert "ENOSPC" in message
     assert str(env) in message
+
+
+async def test_a_full_disk_while_a_tree_is_parsed_is_the_cache_not_the_spec(
+    tmp_path: Path, make_agent: Any
+) -> None:
+    """A parse in an agent's process stores what it hashes: the cache's disk full then is
+    ``CacheUnavailable`` naming the store and the file (it was "invalid spec ... OSError:
+    [Errno 28]"), for a small tree (stored while hashed) and a large one (written as its
+    lay-out first, whose failure sends the rest to the store)."""
+    small = tmp_path / "small"
+    write(small, {"a.txt": "a", "b.txt": "b"})
+    large = source(tmp_path / "large")
+    with tmpfs(tmp_path / "disk", "size=24m") as disk:
+        cache = disk / "cache"
+        cache.mkdir(mode=0o700)
+        agent = await make_agent(cache_dir=cache)
+        filler = disk / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+        try:
+            for src in (small, large):
+                _hashing.forget_stat_cache()
+                with pytest.raises(CacheUnavailable) as caught:
+                    await asyncio.to_thread(agent.parse, {"working_dir": str(src)})
+                text = str(caught.value)
+                assert text.startswith(f"cannot use the cache at {cache}: ")
+                assert "No space left on device [ENOSPC] while storing " + str(src) in text
+            filler.unlink()
+            spec = await asyncio.to_thread(agent.parse, {"working_dir": str(large)})
+            ctx = await agent.get_or_create(spec, "t")  # room again: the same tree builds
+            assert ctx.cwd is not None
+            assert files_of(Path(ctx.cwd)) == as_built(large)
+        finally:
+            filler.unlink(missing_ok=True)
+            await agent.stop()
