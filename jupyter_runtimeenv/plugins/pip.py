@@ -118,30 +118,39 @@ class PipPlugin(RuntimeEnvPlugin):
         python = venv_python(venv)
         base = await build.to_thread(base_of, build.spec)
         async with build.limit("install"):
-            await build.run(
-                [
-                    *(uv_bin(), "venv", str(venv), "--python", base.executable),
-                    *("--relocatable", "--no-project", "--no-config"),
-                ],
-                env=env,
-                cwd=venv,
-                what="creating the venv (uv venv)",
-            )
-            # What this package requires of cloudpickle (its own metadata: ~15 ms with
-            # importlib.metadata's import) is read in a thread while the installer works.
-            floor = asyncio.ensure_future(build.to_thread(reqs.cloudpickle_floor))
+            # Read in threads while uv works, not between its steps: the kernel's versions
+            # (packaging's import and the parent's metadata, ~20 ms) while it makes the
+            # venv, what this package requires of cloudpickle (importlib.metadata's import
+            # and its metadata, ~15 ms) while it installs.
+            pins = None
+            if value["packages"] and not build.spec.config.isolated:
+                pins = asyncio.ensure_future(build.to_thread(_kernel_pins, value, base))
+            floor = None
             try:
+                await build.run(
+                    [
+                        *(uv_bin(), "venv", str(venv), "--python", base.executable),
+                        *("--relocatable", "--no-project", "--no-config"),
+                    ],
+                    env=env,
+                    cwd=venv,
+                    what="creating the venv (uv venv)",
+                )
+                floor = asyncio.ensure_future(build.to_thread(reqs.cloudpickle_floor))
                 if value["packages"]:
-                    await self._install(value, venv, python, installer, env, build, base)
+                    pinned = None if pins is None else await pins
+                    await self._install(value, venv, python, installer, env, build, base, pinned)
                 if installer == "pip":
                     final = build.resource_path(uri)
                     await build.to_thread(_fix_scripts, venv, final)
                 site_packages = venv_site_packages(venv, base.version)
                 await build.to_thread(_check_support, site_packages, await floor)
             finally:
-                if not floor.done():
-                    floor.cancel()
-                floor.add_done_callback(_retrieved)
+                for task in (pins, floor):
+                    if task is not None and not task.done():
+                        task.cancel()
+                    if task is not None:
+                        task.add_done_callback(_retrieved)
             if value["pip_check"]:
                 check = (
                     [uv_bin(), "pip", "check", "--python", python]
@@ -161,13 +170,16 @@ class PipPlugin(RuntimeEnvPlugin):
         env: dict[str, str],
         build: BuildContext,
         base: Interpreter,
+        pins: tuple[list[str], list[str]] | None,
     ) -> None:
+        """``pins``: the kernel's versions to resolve against (``_kernel_pins``), None for
+        an isolated venv."""
         requirements = venv / "requirements.txt"
         await build.to_thread(requirements.write_text, "\n".join(value["packages"]) + "\n")
         options = reqs.split_options(value["install_options"])
         constraints: list[str] = []
-        if not build.spec.config.isolated:
-            pinned = await build.to_thread(self._constraints, value, venv, base, build)
+        if pins is not None:
+            pinned = await build.to_thread(_write_constraints, venv, base, pins, build)
             if pinned is not None:
                 constraints = ["-c", str(pinned)]
         if installer == "uv":
@@ -197,29 +209,6 @@ class PipPlugin(RuntimeEnvPlugin):
                 output_tail=exc.output_tail,
             ) from None
 
-    @staticmethod
-    def _constraints(
-        value: dict[str, Any], venv: Path, base: Interpreter, build: BuildContext
-    ) -> Path | None:
-        """Write the parent's versions as a constraints file (see ``_constraints``); its path,
-        or ``None`` when the parent has nothing to pin. Blocking: run in a thread."""
-        # Here, not with the module: parsing a pip spec needs none of packaging (cli.py).
-        from ._constraints import installed_versions, pins_for
-
-        lines, free = pins_for(installed_versions(base.site_dirs), value["packages"])
-        note = f"; the request pins {', '.join(free)} otherwise" if free else ""
-        if not lines:
-            if free:
-                build.log(f"the kernel has no other package to pin{note}")
-            return None
-        path = venv / "constraints.txt"
-        path.write_text("\n".join(lines) + "\n")
-        build.log(
-            f"resolving against the kernel's versions of {len(lines)} installed packages"
-            f" ({base.prefix}){note}"
-        )
-        return path
-
     def modify_context(self, uris: Sequence[str], value: Any, ctx: ContextBuilder) -> None:
         venv = ctx.resource_path(uris[0])
         ctx.python = venv_python(venv)
@@ -247,6 +236,35 @@ def _failure_message(installer: str, wanted: list[str], tail: Sequence[str]) -> 
     if reasons:
         message += ": " + " ".join(reasons[:10])
     return message
+
+
+def _kernel_pins(value: dict[str, Any], base: Interpreter) -> tuple[list[str], list[str]]:
+    """The parent's versions to pin (see ``_constraints``) and the names the request pins
+    otherwise. Blocking: run in a thread."""
+    # Here, not with the module: parsing a pip spec needs none of packaging (cli.py).
+    from ._constraints import installed_versions, pins_for
+
+    return pins_for(installed_versions(base.site_dirs), value["packages"])
+
+
+def _write_constraints(
+    venv: Path, base: Interpreter, pins: tuple[list[str], list[str]], build: BuildContext
+) -> Path | None:
+    """Write the parent's versions as a constraints file; its path, or ``None`` when the
+    parent has nothing to pin. Blocking: run in a thread."""
+    lines, free = pins
+    note = f"; the request pins {', '.join(free)} otherwise" if free else ""
+    if not lines:
+        if free:
+            build.log(f"the kernel has no other package to pin{note}")
+        return None
+    path = venv / "constraints.txt"
+    path.write_text("\n".join(lines) + "\n")
+    build.log(
+        f"resolving against the kernel's versions of {len(lines)} installed packages"
+        f" ({base.prefix}){note}"
+    )
+    return path
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
