@@ -219,10 +219,12 @@ NOT_FOR_A_CACHED_BUILD = (
     "jupyter_runtimeenv.agent.cache",
     "jupyter_runtimeenv.agent.build",
     # A pip spec of simple requirement lines is parsed without packaging (its markers, tags,
-    # logging, platform, subprocess: ~16 ms), the plugins found without importlib.metadata.
+    # logging, platform, subprocess: ~16 ms), the plugins found without importlib.metadata,
+    # the interpreter without subprocess (plugins/_interpreter.py: the agent's own).
     "packaging.requirements",
     "packaging.tags",
     "importlib.metadata",
+    "subprocess",  # nor ctypes.util's (plugins/_watch.py looks libc up without it first)
 )
 
 
