@@ -22,6 +22,8 @@ import threading
 import uuid
 from collections.abc import Callable
 
+from .._umask import read_umask
+
 #: The mtime every blob carries; any other mtime means it was modified after storing.
 BLOB_MTIME_NS = 1_000_000_000 * 10**9
 _STAMP = (BLOB_MTIME_NS, BLOB_MTIME_NS)
@@ -65,20 +67,10 @@ def valid(st: os.stat_result, size: int, mode: int) -> bool:
     )
 
 
-def _umask() -> int:
-    # os.umask can only be read by setting it, which races with other threads creating
-    # files; Linux shows it in /proc (4.7+). Unknown: assume every bit may be masked.
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o777
-
-
-_UMASK = _umask()
+# Read once, without setting it (``_umask``). Unknown: assume every bit may be masked (a
+# mask of 0 is a mask: no ``or``).
+_READ_UMASK = read_umask()
+_UMASK = 0o777 if _READ_UMASK is None else _READ_UMASK
 _shards: set[str] = set()
 _shards_lock = threading.Lock()
 

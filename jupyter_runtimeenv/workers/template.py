@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from .._umask import read_umask
 from . import lifeline
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "ForkedChild", "Template"]
@@ -413,13 +414,9 @@ def _inherited() -> dict[str, Any]:
 
 
 def _umask() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
+    mask = read_umask()
+    if mask is not None:
+        return mask
     # Without /proc: set and restore (another thread creating a file meanwhile would get 077).
     mask = os.umask(0o077)
     os.umask(mask)
