@@ -27,7 +27,10 @@ cost at the largest ``n`` at most 1.5x the smallest.
   same cell with no server in their path (each its own embedded agent: no build, report or
   command poll reaches the server) while the server is asked the same
   (``floor_p50_s``/``floor_p99_s``): what the machine's load alone does to the server's
-  answers.
+  answers. In that round the same requests also go, turn about, to a trivial HTTP server
+  (the standard library's, one thread, a JSON body of the same size) started like the
+  Jupyter server, in the same session (``floor_stdlib_p50_s``/``floor_stdlib_p99_s``):
+  what any server there would answer in, at the same moments.
 
 ``--quick`` leaves out each curve's largest size (fewer than three points then).
 """
@@ -307,6 +310,55 @@ assert _jre.remote(lambda: 1).remote().result(600) == 1
 """
 
 
+#: The trivial server of the kernels' floor: HTTP/1.1 keep-alive, one thread, no Nagle (a
+#: header and body written apart would wait for the client's delayed ACK: 40 ms).
+TRIVIAL_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+BODY = json.dumps({"version": "0", "started": True, "envs": {"READY": 16}}).encode()
+
+class Status(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, *args):
+        pass
+
+server = HTTPServer(("127.0.0.1", 0), Status)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def _trivial_server() -> tuple[subprocess.Popen[str], int]:
+    """Start ``TRIVIAL_SERVER`` as the Jupyter server is started (a child of this process,
+    in its session: the scheduler shares the CPUs among sessions, so the same share); its
+    process and port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRIVIAL_SERVER],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+#: Tries to start each kernel: jupyter_client picks a kernel's ports free, then releases
+#: them for the kernel to bind, and 16 kernels starting at once (beside other work) now and
+#: then race for one ("Address already in use": the kernel dies before its kernel_info).
+KERNEL_STARTS = 3
+
+
 def _kernel_work(
     url: str, token: str, i: int, errors: list[str], ready: threading.Barrier, cache: Path | None
 ) -> None:
@@ -324,7 +376,16 @@ def _kernel_work(
         )
     else:
         env["JUPYTER_RUNTIMEENV_CACHE"] = str(cache)
-    manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=600)
+    for attempt in range(KERNEL_STARTS):
+        try:
+            manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=600)
+            break
+        except Exception as exc:  # jupyter_client has shut down what it started
+            if attempt + 1 < KERNEL_STARTS:
+                continue
+            errors.append(f"kernel {i} did not start: {exc!r}")
+            ready.abort()  # the others' and the asking thread's waits end at once
+            return
     try:
         ready.wait(900)  # every kernel up: they declare and submit at once
         msg_id = client.execute(KERNEL_CODE.format(i=i))
@@ -342,11 +403,41 @@ def _kernel_work(
 
 
 def _kernels_round(
-    n: int, server: subprocess.Popen[bytes], port: int, token: str, cache: Path | None
-) -> tuple[list[float], float]:
+    n: int,
+    server: subprocess.Popen[bytes],
+    port: int,
+    token: str,
+    cache: Path | None,
+    trivial: int | None = None,
+) -> tuple[list[float], float, list[float]]:
     """``n`` kernels run ``KERNEL_CODE`` at once (through the server, or with ``cache``
-    embedded) while the server's status is asked back to back: the latencies, peak RSS."""
+    embedded) while the server's status is asked back to back: the latencies, peak RSS.
+    With ``trivial`` (the trivial server's port), each 5 requests to the server are
+    followed by 5 to it: their latencies too."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    other = None if trivial is None else http.client.HTTPConnection("127.0.0.1", trivial, 120)
+    answered: list[float] = []
+    threads, errors = start_kernels(n, port, token, cache)
+    latencies: list[float] = []
+    peak = rss_mb([server.pid])
+    while any(thread.is_alive() for thread in threads):
+        latencies += _latencies(conn, f"{API}/status", token, 5)
+        if other is not None:
+            answered += _latencies(other, "/status", token, 5)
+        peak = max(peak, rss_mb([server.pid]))
+    end_kernels(threads, errors)
+    conn.close()
+    if other is not None:
+        other.close()
+    return latencies, peak, answered
+
+
+def start_kernels(
+    n: int, port: int, token: str, cache: Path | None
+) -> tuple[list[threading.Thread], list[str]]:
+    """Start ``n`` kernels (``_kernel_work``, a thread each: through the server on ``port``,
+    or with ``cache`` embedded) and return once all are up and run ``KERNEL_CODE``: their
+    threads and the list their errors go to (see ``end_kernels``)."""
     url = f"http://127.0.0.1:{port}{API}/"
     errors: list[str] = []
     ready = threading.Barrier(n + 1)
@@ -356,18 +447,30 @@ def _kernels_round(
     ]
     for thread in threads:
         thread.start()
-    ready.wait(900)
-    latencies: list[float] = []
-    peak = rss_mb([server.pid])
-    while any(thread.is_alive() for thread in threads):
-        latencies += _latencies(conn, f"{API}/status", token, 5)
-        peak = max(peak, rss_mb([server.pid]))
+    try:
+        ready.wait(900)
+    except threading.BrokenBarrierError:  # a kernel did not start (in ``errors``)
+        end_kernels(threads, errors)
+    return threads, errors
+
+
+def end_kernels(threads: list[threading.Thread], errors: list[str]) -> None:
+    """Wait for the kernels of ``start_kernels``; what went wrong ends the benchmark."""
     for thread in threads:
         thread.join()
-    conn.close()
     if errors:
         raise SystemExit("; ".join(errors))
-    return latencies, peak
+
+
+def stop_servers(server: subprocess.Popen[bytes], trivial: subprocess.Popen[str]) -> None:
+    """End the kernels curve's servers and whatever of a kernel is still there."""
+    server.send_signal(signal.SIGTERM)
+    server.wait(60)
+    trivial.kill()
+    trivial.wait(60)
+    for pid in descendants():  # nothing of a kernel stays behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
@@ -377,19 +480,18 @@ def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
         root.mkdir()
         port, token = free_port(), secrets.token_hex(16)
         server = start_server(root, root, port, token)
+        trivial, trivial_port = _trivial_server()
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             wait_until_up(server, conn, f"{API}/status", token)
             conn.close()
             idle = rss_mb([server.pid])
-            latencies, peak = _kernels_round(n, server, port, token, None)
-            floor, _ = _kernels_round(n, server, port, token, root / "embedded")
+            latencies, peak, _ = _kernels_round(n, server, port, token, None)
+            floor, _, stdlib = _kernels_round(
+                n, server, port, token, root / "embedded", trivial_port
+            )
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
-            for pid in descendants():  # nothing of a kernel stays behind
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            stop_servers(server, trivial)
         rows.append(
             {
                 "n": n,
@@ -398,6 +500,8 @@ def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
                 "per_request_p99_s": _p(latencies, 0.99),
                 "floor_p50_s": statistics.median(floor),
                 "floor_p99_s": _p(floor, 0.99),
+                "floor_stdlib_p50_s": statistics.median(stdlib),
+                "floor_stdlib_p99_s": _p(stdlib, 0.99),
                 "agent_rss_mb": peak,
                 "per_kernel_rss_mb": (peak - idle) / n,
             }
@@ -405,7 +509,9 @@ def kernels_curve(tmp: Path, sizes: list[int]) -> list[Row]:
         progress(
             f"scaling kernels {n}: server p50/p99 {statistics.median(latencies) * 1000:.1f}/"
             f"{_p(latencies, 0.99) * 1000:.1f} ms (floor, the kernels without the server: "
-            f"{statistics.median(floor) * 1000:.1f}/{_p(floor, 0.99) * 1000:.1f} ms), "
+            f"{statistics.median(floor) * 1000:.1f}/{_p(floor, 0.99) * 1000:.1f} ms; a "
+            f"trivial server then: {statistics.median(stdlib) * 1000:.1f}/"
+            f"{_p(stdlib, 0.99) * 1000:.1f} ms), "
             f"RSS +{peak - idle:.1f} MB"
         )
         shutil.rmtree(root, ignore_errors=True)

@@ -47,9 +47,22 @@ def free_port() -> int:
 
 
 def start_server(
-    tmp: Path, wheelhouse: Path, port: int, token: str, extension: bool = True
+    tmp: Path,
+    wheelhouse: Path,
+    port: int,
+    token: str,
+    extension: bool = True,
+    watch: bool = False,
 ) -> subprocess.Popen[bytes]:
+    """A real ``jupyter server`` (this package's extension enabled unless ``extension`` is
+    false; with ``watch``, also ``_loopwatch``: what its event loop did)."""
     env = dict(os.environ)
+    extensions = {"jupyter_runtimeenv": extension}
+    if watch:
+        extensions["_loopwatch"] = True
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p
+        )
     env.update(
         UV_NO_INDEX="1",
         UV_FIND_LINKS=str(wheelhouse),
@@ -62,7 +75,7 @@ def start_server(
         sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
         "--ip=127.0.0.1", "--allow-root", f"--ServerApp.base_url={BASE_URL}",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp}",
-        f"--ServerApp.jpserver_extensions={{'jupyter_runtimeenv': {extension}}}",
+        f"--ServerApp.jpserver_extensions={extensions}",
         f"--RuntimeEnvExtension.cache_dir={tmp / 'cache'}",
     ]  # fmt: skip
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 (closed with the process)
