@@ -110,6 +110,55 @@ def test_a_node_lost_mid_task_is_a_broken_worker(own_cluster: Any, tmp_path: Pat
         client.close()
 
 
+def test_a_node_lost_with_several_calls_fails_each_of_them_and_leaves_nothing(tmp_path: Path):
+    """A node (Dask worker) with three threads runs three calls, each in an environment
+    worker of its own (a node never pipelines: ``Habits.short`` of a raw task is false),
+    and is SIGKILLed: each of its calls fails with ``BrokenWorker`` naming it, none hangs,
+    and none of its processes stays (issue 19 item 3: a death fails exactly the calls it
+    held)."""
+    from jupyter_runtimeenv.dask import DaskExecutor
+
+    cluster = distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=3,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+    )
+    client = distributed.Client(cluster, set_as_default=False)
+    executor = DaskExecutor(client, node_cache_dir=str(tmp_path / "node-{name}"))
+    try:
+        env = jre.parse({})
+        markers = [tmp_path / f"started{i}" for i in range(3)]
+        futures = [
+            executor.submit(_write_pid_and_hang, (str(m),), {}, runtime_env=env, name=f"h{i}")
+            for i, m in enumerate(markers)
+        ]
+        deadline = time.monotonic() + 120
+        while not all(m.exists() for m in markers):
+            assert time.monotonic() < deadline, "the calls never all started"
+            time.sleep(0.05)
+        pids = [[int(pid) for pid in m.read_text().split()] for m in markers]
+        env_workers = [processes.of(worker) for worker, _ in pids]
+        children = [processes.of(child) for _, child in pids]
+        (node,) = {psutil.Process(w.pid).parent() for w in env_workers}
+        assert node is not None
+        (address,) = client.run(os.getpid)
+        below = [p for d in descendants(node.pid) if (p := processes.Proc.of(d.pid))]
+        node.kill()
+        node.wait(30)
+        alive = processes.survivors([*env_workers, *children, *below], 2.0)
+        processes.kill_all(alive)
+        assert alive == [], [p.describe() for p in alive]
+        for future in futures:
+            with pytest.raises(BrokenWorker, match=f"Dask worker {address} was lost"):
+                future.result(60)
+    finally:
+        executor.shutdown()
+        client.close()
+        cluster.close()
+
+
 def test_nodes_that_join_later_get_the_environment(own_cluster: Any, tmp_path: Path):
     from jupyter_runtimeenv.dask import DaskExecutor
 
