@@ -18,12 +18,14 @@ id needs), each file with a blob's read-only mode and stamp; linking those files
 store (what lets later envs share them) comes after the env is ready.
 
 What the background step trusts: a file of the env's tree is linked into the store as blob
-``name`` only while it is as it was written (``_blobs.valid``: regular, its size, mode and
-stamp; a write moves the mtime), checked again on the blob after the link (same inode, still
-valid; else the blob is removed). A SIGKILL at any point leaves blobs that each hold their
-name's content, or no blob: nothing half-written (the files were whole and stamped before
-the env was ready) and no temporary name. The stat cache (``_statcache``) is about the
-source files, in memory: nothing here touches it.
+``name`` only while it is as it was written: the inode and ctime it had then (any write,
+chmod or utime moves the ctime; a rename over it, the inode) and a valid blob's stat
+(``_blobs.valid``: regular, its size, mode and stamp), checked again on the blob after the
+link (same inode, still valid; else the blob is removed). A SIGKILL at any point leaves blobs
+that each hold their name's content, or no blob: nothing half-written (the files were whole
+and stamped before the env was ready); only the rare replacement of a touched blob links a
+temporary name first (``<blob>.<pid>.<hex>.tmp``, no blob's name: no build links it). The
+stat cache (``_statcache``) is about the source files, in memory: nothing here touches it.
 """
 
 from __future__ import annotations
