@@ -9,10 +9,12 @@ default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. 
 only stats (and counts bytes against the caller's limit, stopping there); then the files
 the stat cache (``_statcache``) does not know are read once each — hashed, and with a
 ``store``, written into the content store from the same bytes — large files in chunks, many
-files on threads. An unchanged tree costs one ``stat`` per file and no read; with an
-inotify watch (``_watch``) it costs nothing, and after events only the directories they
-name are listed again and only the files they name are read again: one changed file in a
-tree of a thousand costs its directory's listing and its own read.
+files on threads (a new tree of many files read into its lay-out: on this thread and a helper
+process, ``_hashhelp``, as threads of one process serialise on the GIL there). An unchanged
+tree costs one ``stat`` per file and no read; with an inotify watch (``_watch``) it costs
+nothing, and after events only the directories they name are listed again and only the
+files they name are read again: one changed file in a tree of a thousand costs its
+directory's listing and its own read.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from ..errors import CacheUnavailable
 from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
 from ..spec.patterns import check_list
-from . import _blobs, _statcache, _watch
+from . import _blobs, _hashhelp, _statcache, _watch
 from ._layout import Layer, LayOut
 from ._walk import Dirty, Found, Kept, Listing, Walk, matcher
 
@@ -44,6 +46,9 @@ WHOLE_MAX = 8 << 20
 _CHUNK = 1 << 20
 #: Below this many files to read, threads cost more than they give.
 _THREADS_FROM = 32
+#: From this many files a new tree's lay-out is hashed with a helper process (``_hashhelp``):
+#: below, the whole hash is a few ms, less than the helper's first start.
+_HELPER_FROM = 256
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -467,8 +472,15 @@ def _hash_all(
     ]
     todo = [i for i, sha in enumerate(shas) if sha is None]
     layer = None
+    helper = None
     if lay_out is not None and store is not None and len(todo) == len(found) >= _THREADS_FROM:
-        layer = Layer.make(lay_out.path, [f[0] for f in found], _threads())
+        if len(todo) >= _HELPER_FROM:  # a second process: threads share the GIL
+            helper = _hashhelp.take()
+        layer = Layer.make(lay_out.path, [f[0] for f in found], 0 if helper else _threads())
+        if layer is not None and helper is not None:
+            return _hash_split(found, sts, shas, store, lay_out, layer, helper)
+        if helper is not None:
+            _hashhelp.give_back(helper)
 
     def run(indices: Sequence[int]) -> None:
         ok = False
@@ -511,6 +523,25 @@ def _hash_all(
             lay_out.done = layer.release(ok)
             lay_out.made = layer.made
     return done
+
+
+def _hash_split(
+    found: list[Found],
+    sts: list[os.stat_result],
+    shas: list[str | None],
+    store: str,
+    lay_out: LayOut,
+    layer: Layer,
+    helper: _hashhelp.Helper,
+) -> list[str]:
+    """``_hash_all`` of a tree read whole into ``layer``, with the helper process."""
+    files = [(f[0], f[1], st, blob_mode(st.st_mode)) for f, st in zip(found, sts, strict=True)]
+
+    def rest(i: int) -> str:
+        rel, path, st, mode = files[i]
+        return _hash_one(path, st, store, mode, layer=layer, rel=rel)
+
+    return _hashhelp.hash_into(files, shas, lay_out, layer, helper, rest)
 
 
 def _threads() -> int:

@@ -128,9 +128,10 @@ class Layer:
             self.failed = True
             return None
 
-    def close(self, fd: int, mode: int, *, ok: bool, rel: str) -> bool:
+    def close(self, fd: int, mode: int, *, ok: bool, rel: str, keep_going: bool = False) -> bool:
         """Close ``fd`` (the file ``rel`` of ``open``) stamped as a blob if ``ok``; whether
-        it is whole. Not ok: the lay-out failed (it is removed when the last user lets go)."""
+        it is whole. Not ok: the lay-out failed (it is removed when the last user lets go),
+        unless ``keep_going`` (the caller removes that file and writes it again)."""
         try:
             if ok:
                 _blobs.seal(fd, mode)
@@ -140,7 +141,7 @@ class Layer:
             ok = False
         finally:
             os.close(fd)
-        if not ok:
+        if not ok and not keep_going:
             self.failed = True
         return ok
 

@@ -1,0 +1,125 @@
+"""The hash helper's program: reads, hashes and writes files of a new tree's lay-out on a
+core of its own (``_hashhelp``). Standard library only; run as ``python -I -S <this file>``.
+
+Who runs it: ``_hashhelp.Helper`` (posix_spawn, its stdin and stdout are pipes to the
+caller). Each job (length-prefixed ``marshal``) is a lay-out directory, the blob stamp and
+the files to do in that order, each (index, source, relative path, device, inode, size,
+mode). A file is *claimed* by creating it in the lay-out (``O_EXCL``): the caller claims the
+same files from the other end of the list, so each file is done by exactly one of them,
+and the first claim that finds the file there ends the job (they met). A claimed file is
+read once (non-blocking, checked on the descriptor to be the regular file of that device,
+inode and size, read for exactly its size), hashed, written, given its mode and the stamp;
+its (index, sha256, inode, ctime_ns) is in the job's answer. Anything else (a file that
+changed, a read or write error) removes the claimed file and leaves it out of the answer:
+the caller reads it itself, and meets the error there. The program ends at the end of its
+input (the caller gone) or after ``IDLE_S`` without a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import marshal
+import os
+import select
+import stat
+import struct
+
+#: Seconds without a job after which the helper ends (the next job starts another).
+IDLE_S = 20.0
+_HEAD = struct.Struct("!I")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+File = tuple[int, str, str, int, int, int, int]
+Done = tuple[int, str, int, int]
+
+
+def _exactly(fd: int, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _copy(src: str, dev: int, ino: int, size: int, out: int) -> str | None:
+    """sha256 of ``src`` written to ``out``; None if it is not that regular file whole."""
+    fd = os.open(src, _READ)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_size) != (dev, ino, size):
+            return None
+        data = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        return None
+    sha = hashlib.sha256(data).hexdigest()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(out, view) :]
+    return sha
+
+
+def run(root: str, stamp: int, files: list[File], umask: int) -> list[Done]:
+    """Do ``files`` in order until one is claimed already; what was done."""
+    done: list[Done] = []
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return done
+    try:
+        for index, src, rel, dev, ino, size, mode in files:
+            try:
+                out = os.open(rel, _CREATE, mode, dir_fd=root_fd)
+            except OSError:
+                break  # the caller came this far (or the lay-out takes no more): its files
+            try:
+                sha = _copy(src, dev, ino, size, out)
+                if sha is not None:
+                    if mode & umask:
+                        os.fchmod(out, mode)
+                    os.utime(out, ns=(stamp, stamp))
+                    st = os.fstat(out)
+            except Exception:
+                sha = None
+            finally:
+                os.close(out)
+            if sha is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(rel, dir_fd=root_fd)
+                continue
+            done.append((index, sha, st.st_ino, st.st_ctime_ns))
+    finally:
+        os.close(root_fd)
+    return done
+
+
+def main() -> None:
+    # Only its pipes: no descriptor its spawner let be inherited keeps anything open.
+    os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 3))
+    umask = os.umask(0o077)
+    os.umask(umask)
+    while True:
+        ready, _, _ = select.select([0], [], [], IDLE_S)
+        if not ready:
+            return
+        head = _exactly(0, _HEAD.size)
+        body = _exactly(0, _HEAD.unpack(head)[0]) if head is not None else None
+        if body is None:
+            return
+        root, stamp, files = marshal.loads(body)
+        answer = marshal.dumps(run(root, stamp, files, umask))
+        view = memoryview(_HEAD.pack(len(answer)) + answer)
+        try:
+            while view:
+                view = view[os.write(1, view) :]
+        except OSError:
+            return  # the caller is gone
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""A large new tree hashed into its lay-out by this thread and a helper process
+(``plugins/_hashhelp.py``, ``plugins/_hash_child.py``): the same lay-out, digest and store as
+the threads make, and every failure still the caller's.
+
+Real parts: real files, the real content store, the real helper process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_spares import write
+from test_store_later import as_built, tmpfs
+from test_store_later import files_of as built
+
+from jupyter_runtimeenv.errors import CacheUnavailable
+from jupyter_runtimeenv.plugins import (
+    _blobs,
+    _hash_child,
+    _hashhelp,
+    _hashing,
+    _layout,
+    _spares,
+    _store,
+)
+from jupyter_runtimeenv.plugins._layout import LayOut
+from jupyter_runtimeenv.spec.files import BadFile
+
+FILES = 300  # over _hashing._HELPER_FROM
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "cache"
+    (root / "tmp").mkdir(parents=True)
+    yield root
+    _spares.drop(str(_store.blob_dir(root)))
+
+
+def source(root: Path) -> Path:
+    write(root, {f"d{i % 7}/sub/f{i}.txt": f"content {i}\n" * (i % 50) for i in range(FILES)})
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "run.sh", 0o755)
+    (root / "secret.txt").write_text("mine")
+    os.chmod(root / "secret.txt", 0o600)
+    return root
+
+
+def files_of(root: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Each file's bytes, mode and mtime."""
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath, name)
+            st = path.lstat()
+            out[str(path.relative_to(root))] = (path.read_bytes(), st.st_mode, st.st_mtime_ns)
+    return out
+
+
+def hashed(src: Path, cache: Path, name: str, helper: bool) -> tuple[_hashing.Tree, LayOut]:
+    _hashing.forget_stat_cache()
+    layout = LayOut(str(cache / "tmp" / name))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(_hashhelp.ENV_VAR, "1" if helper else "0")
+        tree = _hashing.hash_tree(src, store=_store.blob_dir(cache), lay_out=layout)
+    return tree, layout
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_large_new_tree_is_laid_out_with_the_helper_as_the_threads_lay_it_out(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The helper is given every file (from the back), and the lay-out is the one the threads
+    make of the same tree: bytes, modes (0444, 0555, 0400), blob stamps, the digest; each
+    file's (inode, ctime) as written is recorded for the store step. (Which of the two did
+    which file depends on who got a core first.)"""
+    src = source(tmp_path / "src")
+    jobs: list[list[Any]] = []
+    real = _hashhelp.Helper.send
+
+    def send(self: _hashhelp.Helper, root: str, files: list[Any]) -> None:
+        jobs.append(files)
+        real(self, root, files)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hashhelp.Helper, "send", send)  # observed only
+        tree, layout = hashed(src, cache, "helper", True)
+    assert layout.done
+    (job,) = jobs
+    assert [f[2] for f in job] == [e.rel for e in reversed(tree.entries)]
+    threads, by_threads = hashed(src, cache, "threads", False)
+    assert tree == threads
+    assert files_of(Path(layout.path)) == files_of(Path(by_threads.path))
+    modes = {stat.S_IMODE(m) for _data, m, _t in files_of(Path(layout.path)).values()}
+    assert modes == {0o444, 0o555, 0o400}
+    assert set(layout.made) == {e.rel for e in tree.entries}
+    for rel, (ino, ctime_ns) in layout.made.items():
+        st = os.lstat(Path(layout.path) / rel)
+        assert (st.st_ino, st.st_ctime_ns) == (ino, ctime_ns)
+        assert _blobs.valid(st, st.st_size, stat.S_IMODE(st.st_mode))
+
+
+def test_the_helper_program_writes_what_it_claims_and_stops_where_the_caller_began(
+    tmp_path: Path,
+) -> None:
+    """``_hash_child.run`` (the helper's loop, run here): each file it claims is written
+    whole with its mode and the stamp and answered with its sha256, inode and ctime; a file
+    that is not its stat (here: a /proc file, longer than its size) is left out and its
+    claim removed; the first file found claimed (the caller's) ends the job."""
+    src = tmp_path / "src"
+    write(src, {f"f{i}.txt": f"text {i}" * i for i in range(6)})
+    (src / "proc").symlink_to("/proc/version")
+    root = tmp_path / "lay"
+    root.mkdir()
+    (root / "f1.txt").write_text("the caller's")
+    names = ["f5.txt", "proc", "f4.txt", "f3.txt", "f2.txt", "f1.txt", "f0.txt"]
+    files = []
+    for i, name in enumerate(names):
+        st = os.stat(src / name)
+        files.append((i, str(src / name), name, st.st_dev, st.st_ino, st.st_size, 0o444))
+    done = _hash_child.run(str(root), _blobs.BLOB_MTIME_NS, files, os.umask(0o022))
+    os.umask(0o022)
+    assert [d[0] for d in done] == [0, 2, 3, 4]  # not "proc"; stopped at f1
+    for index, sha, ino, ctime_ns in done:
+        out = root / names[index]
+        data = out.read_bytes()
+        assert data == (src / names[index]).read_bytes()
+        assert sha == hashlib.sha256(data).hexdigest()
+        st = out.stat()
+        assert (st.st_ino, st.st_ctime_ns) == (ino, ctime_ns)
+        assert _blobs.valid(st, len(data), 0o444)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "f1.txt",
+        "f2.txt",
+        "f3.txt",
+        "f4.txt",
+        "f5.txt",
+    ]
+    assert (root / "f1.txt").read_text() == "the caller's"
+
+
+def test_the_tree_stored_after_the_build_is_the_one_hashed(tmp_path: Path, cache: Path) -> None:
+    """The build takes the helper's lay-out as the source's spare, and the store step after
+    it links the files in: the store then holds each blob, valid, one of the env's inodes."""
+    src = source(tmp_path / "src")
+    tree, layout = hashed(src, cache, "pre", True)
+    store = str(_store.blob_dir(cache))
+    family = f"0:{src}"
+    _spares.adopt(store, family, tree, layout)
+    target = tmp_path / "env"
+    target.mkdir()
+    _spares.lay_out(tree, cache, target, family)
+    _layout.settle(store)
+    inodes: dict[str, set[int]] = {}
+    for entry in tree.entries:
+        inodes.setdefault(entry.blob_name, set()).add((target / entry.rel).stat().st_ino)
+    for entry in tree.entries:  # (equal files: the blob is one of them)
+        blob = Path(_store.blob_path(cache, entry.blob_name))
+        assert _blobs.valid(blob.lstat(), entry.size, entry.mode)
+        assert blob.stat().st_ino in inodes[entry.blob_name]
+        assert _blobs.sha256_of(str(blob)) == entry.sha256
+
+
+def test_a_pseudo_file_fails_the_hash_and_leaves_nothing(tmp_path: Path, cache: Path) -> None:
+    """A file whose content is not its size (a /proc file through a symlink, as a file being
+    written would be): the helper leaves it, this thread reads it and raises ``BadFile`` as
+    before; the lay-out is removed and no descriptor is left; the next tree hashes whole."""
+    src = source(tmp_path / "src")
+    (src / "d3" / "sub" / "version").symlink_to("/proc/version")
+    before = fds()
+    layout = LayOut(str(cache / "tmp" / "bad"))
+    _hashing.forget_stat_cache()
+    with pytest.raises(BadFile, match="longer than its size"):
+        _hashing.hash_tree(src, store=_store.blob_dir(cache), lay_out=layout)
+    assert not layout.done
+    assert not os.path.exists(layout.path)
+    assert fds() <= before  # (the helper's pipes closed: it was stopped)
+    (src / "d3" / "sub" / "version").unlink()
+    tree, layout = hashed(src, cache, "good", True)
+    assert layout.done
+    assert len(tree.entries) == FILES + 2
+
+
+def test_a_helper_gone_leaves_its_files_to_this_thread(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper killed (SIGKILL) before it answers: its share is read here, the lay-out is
+    whole and the same; the next hash starts another helper."""
+    src = source(tmp_path / "src")
+    real = _hashhelp.take
+    killed: list[int] = []
+
+    def take() -> _hashhelp.Helper | None:
+        helper = real() or _hashhelp.Helper()
+        os.kill(helper.pid, 9)
+        killed.append(helper.pid)
+        return helper
+
+    monkeypatch.setattr(_hashhelp, "take", take)
+    tree, layout = hashed(src, cache, "killed", True)
+    monkeypatch.undo()
+    assert killed
+    assert layout.done
+    _threads_tree, by_threads = hashed(src, cache, "threads", False)
+    assert files_of(Path(layout.path)) == files_of(Path(by_threads.path))
+    again, layout = hashed(src, cache, "again", True)
+    assert again == tree
+    assert layout.done
+    helper = _hashhelp.take()
+    assert helper is not None
+    assert helper.pid not in killed
+    _hashhelp.give_back(helper)
+
+
+def test_the_helper_ends_with_its_input() -> None:
+    """No helper outlives its caller: the end of its input (the caller's end closed, as when
+    the caller dies) ends it."""
+    helper = _hashhelp.Helper()
+    os.close(helper.to_w)
+    deadline = time.monotonic() + 30
+    while os.waitpid(helper.pid, os.WNOHANG) == (0, 0):
+        assert time.monotonic() < deadline, "the helper outlived its input"
+        time.sleep(0.01)
+    os.close(helper.from_r)
+
+
+async def test_a_full_disk_while_a_large_tree_is_parsed_is_the_cache_not_the_spec(
+    tmp_path: Path, make_agent: Any
+) -> None:
+    """The helper's path meets a full cache disk as the threads' did: ``CacheUnavailable``
+    naming the cache and a file (the lay-out failed, the rest went to the store), and the
+    same tree builds once there is room."""
+    large = source(tmp_path / "large")
+    with tmpfs(tmp_path / "disk", "size=24m") as disk:
+        cache = disk / "cache"
+        cache.mkdir(mode=0o700)
+        agent = await make_agent(cache_dir=cache)
+        filler = disk / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+        try:
+            _hashing.forget_stat_cache()
+            with pytest.raises(CacheUnavailable) as caught:
+                await asyncio.to_thread(agent.parse, {"working_dir": str(large)})
+            text = str(caught.value)
+            assert text.startswith(f"cannot use the cache at {cache}: ")
+            assert "No space left on device [ENOSPC] while storing " + str(large) in text
+            filler.unlink()
+            _hashing.forget_stat_cache()
+            spec = await asyncio.to_thread(agent.parse, {"working_dir": str(large)})
+            ctx = await agent.get_or_create(spec, "t")
+            assert ctx.cwd is not None
+            assert built(Path(ctx.cwd)) == as_built(large)
+        finally:
+            filler.unlink(missing_ok=True)
+            await agent.stop()
+
+
+HASH_AND_DIE = """
+import os, sys
+from pathlib import Path
+from jupyter_runtimeenv.plugins import _hashhelp, _hashing, _store
+from jupyter_runtimeenv.plugins._layout import LayOut
+helper = _hashhelp.take()
+_hashhelp.give_back(helper)
+print(helper.pid, flush=True)
+sys.stdin.readline()
+cache = sys.argv[2]
+store = str(_store.blob_dir(Path(cache)))
+_hashing.hash_tree(sys.argv[1], store=store, lay_out=LayOut(cache + "/tmp/l"))
+"""
+
+
+def test_a_caller_killed_mid_hash_leaves_no_helper(tmp_path: Path, cache: Path) -> None:
+    """SIGKILL of the hashing process while the helper works: the helper ends with its job
+    (its input closed, its answer nowhere to go)."""
+    src = tmp_path / "src"
+    write(src, {f"d{i % 20}/f{i}.bin": "x" * 20_000 for i in range(3000)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", HASH_AND_DIE, str(src), str(cache)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdin is not None
+    helper = int(child.stdout.readline())
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 30
+    while not (cache / "tmp" / "l").exists():  # the hash has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    while running(helper):
+        assert time.monotonic() < deadline, "the helper outlived its caller"
+        time.sleep(0.01)
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
