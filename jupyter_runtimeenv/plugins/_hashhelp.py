@@ -39,7 +39,7 @@ from . import _blobs, _statcache
 from ._blobs import BLOB_MTIME_NS
 from ._layout import Layer, LayOut
 
-__all__ = ["ENV_VAR", "Helper", "give_back", "hash_into", "split", "take"]
+__all__ = ["ENV_VAR", "Helper", "give_back", "hash_into", "split", "take", "warm"]
 
 #: Set to 0 to hash every tree in this process's threads (no helper).
 ENV_VAR = "JUPYTER_RUNTIMEENV_HASH_HELPER"
@@ -156,6 +156,18 @@ def take() -> Helper | None:
         return Helper()
     except OSError:
         return None
+
+
+def warm() -> None:
+    """Start the process's helper now if there is none (its start, ~10-20 ms of a new
+    interpreter, then overlaps the caller's walk)."""
+    if os.environ.get(ENV_VAR, "1") == "0" or not sys.executable:
+        return
+    with _lock:
+        if _idle:
+            return
+    with contextlib.suppress(OSError):  # none then: the threads hash
+        give_back(Helper())
 
 
 def give_back(helper: Helper) -> None:

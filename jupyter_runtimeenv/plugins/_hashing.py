@@ -27,7 +27,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,7 +332,9 @@ def _hash_tree(
     started = time.time_ns()
     if watch is None:
         watch = _watch.watch(root, dirty.event)
-    add = watch.add if watch is not None else None
+    add: Callable[[str], object] | None = watch.add if watch is not None else None
+    if known is None and lay_out is not None and store is not None:
+        add = _warming(add, lambda: len(walk.found))
     last = (before.listings, before.kept) if before is not None else None
     walk = Walk(root, limit, field, hint, add, last, changed)
     try:
@@ -523,6 +525,24 @@ def _hash_all(
             lay_out.done = layer.release(ok)
             lay_out.made = layer.made
     return done
+
+
+def _warming(
+    add: Callable[[str], object] | None, count: Callable[[], int]
+) -> Callable[[str], object]:
+    """``add`` (called before each directory is listed) that also starts the helper process
+    (``_hashhelp.warm``) once the walk has found half of ``_HELPER_FROM`` files: a new
+    tree that large is likely hashed with it, and its start then overlaps the walk."""
+    warmed = False
+
+    def before_scan(directory: str) -> object:
+        nonlocal warmed
+        if not warmed and count() >= _HELPER_FROM // 2:
+            warmed = True
+            _hashhelp.warm()
+        return add(directory) if add is not None else None
+
+    return before_scan
 
 
 def _hash_split(

@@ -320,3 +320,44 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def no_helper() -> None:
+    """End this process's idle helper, if any."""
+    helper = _hashhelp.take()
+    if helper is not None:
+        helper.stop()
+
+
+def test_the_walk_of_a_large_new_tree_starts_the_helper_a_small_one_none(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The walk of a new tree starts the helper once it has found half of ``_HELPER_FROM``
+    files (its start overlaps the rest of the walk), and the hash then takes that one; a
+    tree of 40 files starts none."""
+    src = source(tmp_path / "src")
+    small = tmp_path / "small"
+    write(small, {f"d{i % 4}/f{i}.txt": str(i) for i in range(40)})
+    calls: list[tuple[str, int]] = []
+    warm, take = _hashhelp.warm, _hashhelp.take
+
+    def warming() -> None:
+        warm()
+        calls.append(("warm", _hashhelp._idle[0].pid))
+
+    def taking() -> _hashhelp.Helper | None:
+        helper = take()
+        calls.append(("take", helper.pid if helper is not None else 0))
+        return helper
+
+    no_helper()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hashhelp, "warm", warming)  # observed only
+        mp.setattr(_hashhelp, "take", taking)
+        _tree, layout = hashed(small, cache, "small", True)
+        assert calls == []
+        assert _hashhelp._idle == []
+        _tree, layout = hashed(src, cache, "large", True)
+    assert layout.done
+    assert [c[0] for c in calls] == ["warm", "take"]
+    assert calls[0][1] == calls[1][1]
