@@ -9,22 +9,21 @@ index without starting an agent (``agent/cache_hit.py``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing and argparse are not imported by an answered build (below)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import argparse
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
     from .agent import RuntimeEnvAgent
-    from .context import EnvContext
-    from .spec import RuntimeEnvSpec
 
 # The agent, the spec parser, the errors (cloudpickle), asyncio, sqlite3, json and pathlib are
 # imported once the arguments are parsed: ``--help`` and usage errors answer at once, and
 # every command pays only for what it runs (tests/ipython/test_import_budget.py keeps it so).
+# A build the cache has answered before is answered again before even argparse (``_answered``).
 
 
 def _holder() -> str:
@@ -35,6 +34,8 @@ def _holder() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="jupyter runtimeenv", description="Build and manage runtime environments."
     )
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _size(text: str) -> int:
+    import argparse
     import math
 
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -229,36 +231,66 @@ async def _build(agent: RuntimeEnvAgent, args: argparse.Namespace) -> int:
     finally:
         # The CLI's reference lasts as long as the command: built envs stay cached, unheld.
         await agent.release(spec.env_id, holder)
-    return _show_built(args, spec, context, time.perf_counter() - started)
+    forms = _forms(spec.env_id, spec.to_json(), context.to_json())
+    return _show(forms[0] if args.json else forms[1], args.json, time.perf_counter() - started)
 
 
-def _show_built(
-    args: argparse.Namespace, spec: RuntimeEnvSpec, context: EnvContext, elapsed: float
-) -> int:
-    if args.json:
-        import json
+def _forms(
+    env_id: str, spec: dict[str, Any], context: dict[str, Any]
+) -> tuple[tuple[str, str], tuple[str, str]]:
+    """What a build prints, ``--json`` and for people, each as the text before and after the
+    build's seconds (``agent/answers.py`` keeps them to answer the same build again)."""
+    import json
 
-        out = {
-            "env_id": spec.env_id,
-            "state": "READY",
-            "context": context.to_json(),
-            "spec": spec.to_json(),
-            "seconds": round(elapsed, 3),
-        }
-        print(json.dumps(out, indent=2))
-        return 0
-    print(f"env_id:  {spec.env_id}")
-    print(f"state:   READY ({elapsed:.2f} s)")
-    print(f"python:  {context.python}")
-    if context.command_prefix:
-        print(f"prefix:  {' '.join(context.command_prefix)}")
-    if context.cwd:
-        print(f"cwd:     {context.cwd}")
-    for key, value in context.env_vars.items():
-        print(f"env:     {key}={value}")
-    for path in context.sys_path:
-        print(f"path:    {path}")
+    out = {"env_id": env_id, "state": "READY", "context": context, "spec": spec}
+    body = json.dumps(out, indent=2)  # ends "\n}": "seconds" is the last key
+    lines = [f"python:  {context['python']}"]
+    if context["command_prefix"]:
+        lines.append(f"prefix:  {' '.join(context['command_prefix'])}")
+    if context["cwd"]:
+        lines.append(f"cwd:     {context['cwd']}")
+    lines += [f"env:     {key}={value}" for key, value in context["env_vars"].items()]
+    paths = [*context["extra_paths"], *context["driver_sys_path"]]  # EnvContext.sys_path
+    lines += [f"path:    {path}" for path in paths]
+    return (
+        (body[:-2] + ',\n  "seconds": ', "\n}\n"),
+        (f"env_id:  {env_id}\nstate:   READY (", " s)\n" + "".join(f"{x}\n" for x in lines)),
+    )
+
+
+def _show(form: tuple[str, str], as_json: bool, elapsed: float) -> int:
+    """Print a form (``_forms``) with the seconds, as ``json.dumps`` writes them, or for people."""
+    seconds = repr(round(elapsed, 3)) if as_json else f"{elapsed:.2f}"
+    sys.stdout.write(form[0] + seconds + form[1])
     return 0
+
+
+def _answered(argv: Sequence[str]) -> int | None:
+    """The exit code of a build answered by the cache (``agent/answers.py``) before anything
+    else is imported, or None (then parsed as usual). Only ``[--cache-dir[=]DIR] build SPEC``
+    with ``--json``, ``--quiet``/``-q``, ``--retry``: argparse has the rest (``--help``...)."""
+    words = list(argv)
+    cache_dir = None
+    if words[:1] == ["--cache-dir"] and len(words) > 1 and not words[1].startswith("-"):
+        cache_dir, words = words[1], words[2:]
+    elif words and words[0].startswith("--cache-dir="):
+        cache_dir, words = words[0].partition("=")[2], words[1:]
+    if words[:1] != ["build"]:
+        return None
+    flags = {w for w in words[1:] if w.startswith("-")}
+    specs = [w for w in words[1:] if not w.startswith("-")]
+    if len(specs) != 1 or not flags <= {"--json", "--quiet", "-q", "--retry"}:
+        return None
+    import time
+
+    from .agent.answers import key_of, recall
+    from .agent.cache_hit import default_cache_root, private_index
+
+    started = time.perf_counter()
+    index = private_index(cache_dir or default_cache_root())
+    key = None if index is None else key_of(specs[0])
+    found = None if index is None or key is None else recall(index, key, "--json" in flags)
+    return None if found is None else _show(found, "--json" in flags, time.perf_counter() - started)
 
 
 #: Fields whose parse never hashes a tree into the content store (working_dir and py_modules
@@ -295,6 +327,7 @@ def _cached_build(args: argparse.Namespace) -> tuple[int | None, Callable[[], No
     import time
     from pathlib import Path
 
+    from .agent import answers
     from .agent.cache_hit import default_cache_dir, find_ready, private_index
     from .context import EnvContext
     from .errors import SpecError
@@ -308,6 +341,7 @@ def _cached_build(args: argparse.Namespace) -> tuple[int | None, Callable[[], No
     detach = _nothing
     if index is None:
         return None, detach  # a new cache, or one the agent must make private first
+    key = answers.key_of(args.spec)  # of the bytes parsed: checked again after the parse
     data = _spec_input(args.spec)
     where = None
     if isinstance(data, str):
@@ -336,8 +370,15 @@ def _cached_build(args: argparse.Namespace) -> tuple[int | None, Callable[[], No
     if stored is None:
         args.parsed = spec
         return None, detach
-    context = EnvContext.from_json(stored)
-    return _show_built(args, spec, context, time.perf_counter() - started), detach
+    forms = _forms(spec.env_id, spec.to_json(), EnvContext.from_json(stored).to_json())
+    code = _show(forms[0] if args.json else forms[1], args.json, time.perf_counter() - started)
+    if isinstance(data, dict) and key is not None:
+        registry = default_registry()
+        plugins = {name: registry.for_field(name) for name in data if name != "config"}
+        stamped = answers.stamps() if answers.closed(data, plugins) else None
+        if stamped is not None and answers.key_of(args.spec) == key:
+            answers.remember(index, key, spec.env_id, stamped, *forms)
+    return code, detach
 
 
 async def _resolve_id(agent: RuntimeEnvAgent, prefix: str) -> str:
@@ -377,10 +418,10 @@ def _exit_at_once(code: int) -> None:
     handlers run first, as at any exit (logging's flush, ``agent.pgroups``' net). If the
     output cannot be flushed (a closed pipe), Python's own exit reports it as before."""
     import atexit
-    import threading
 
+    threading = sys.modules.get("threading")  # not imported: no thread started through it
     run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit calls it
-    if threading.active_count() != 1 or run_handlers is None:
+    if (threading is not None and threading.active_count() != 1) or run_handlers is None:
         return
     try:
         sys.stdout.flush()
@@ -396,6 +437,14 @@ def _exit_at_once(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        answered = _answered(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return 130
+    if answered is not None:
+        if argv is None:  # the program itself (not a caller's function call)
+            _exit_at_once(answered)
+        return answered
     args = _parser().parse_args(argv)
     import sqlite3
 

@@ -7,10 +7,9 @@ machinery pulls in psutil, the plugins and the installers' modules).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .._lazy import exports
 
+TYPE_CHECKING = False  # typing is not imported with the package (``answers``)
 if TYPE_CHECKING:
     from .agent import RuntimeEnvAgent
     from .cache import CACHE_ENV_VAR, Cache, default_cache_dir

@@ -231,6 +231,7 @@ class EnvIndex(ResourceIndex):
             ]
             db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
+            db.execute("DELETE FROM answers WHERE env_id = ?", (env_id,))
             if not keep_refs:
                 db.execute("DELETE FROM refs WHERE env_id = ?", (env_id,))
             still_used = {r[0] for r in db.execute("SELECT DISTINCT uri FROM env_resources")}

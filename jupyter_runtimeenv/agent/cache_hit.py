@@ -13,38 +13,53 @@ anything that is not plainly a private cache with that env in it (no index yet, 
 index file others may read, which the agent's start tightens or refuses, a busy or damaged
 index, an error of the disk) is ``None``, and the caller starts the agent, which handles
 each of those cases and says what is wrong. Blocking (sqlite, stat); imports no more than
-sqlite3 and json.
+sqlite3 (json and the context's form when it reads a context: ``answers`` imports this module
+before any of them).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sqlite3
 import stat
 import time
-import urllib.parse
-from pathlib import Path
-from typing import Any
 
-from ..context.model import CONTEXT_FORMAT
+TYPE_CHECKING = False  # typing, pathlib and json are imported where used: ``answers``
+if TYPE_CHECKING:  # answers a build with this module and sqlite3 alone
+    from pathlib import Path
+    from typing import Any
 
 CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
 
 _INDEX = "index.sqlite"
 
-__all__ = ["CACHE_ENV_VAR", "default_cache_dir", "find_ready", "private_index"]
+__all__ = [
+    "CACHE_ENV_VAR",
+    "default_cache_dir",
+    "default_cache_root",
+    "find_ready",
+    "index_uri",
+    "private_index",
+    "record_use",
+    "resources_present",
+]
 
 
 def default_cache_dir() -> Path:
     """``$JUPYTER_RUNTIMEENV_CACHE``, else the platform's user cache dir."""
+    from pathlib import Path
+
+    return Path(default_cache_root())
+
+
+def default_cache_root() -> str:
+    """``default_cache_dir`` as a string, without pathlib (``cli``'s answered build)."""
     override = os.environ.get(CACHE_ENV_VAR)
     if override:
-        return Path(override).expanduser()
+        return os.path.expanduser(override)
     import platformdirs  # only without the variable: ~2 ms of every command's start
 
-    return Path(platformdirs.user_cache_dir("jupyter-runtimeenv"))
+    return str(platformdirs.user_cache_dir("jupyter-runtimeenv"))
 
 
 def _ours_and_private(st: os.stat_result) -> bool:
@@ -52,11 +67,11 @@ def _ours_and_private(st: os.stat_result) -> bool:
     return owner and not stat.S_IMODE(st.st_mode) & 0o077
 
 
-def private_index(root: Path) -> Path | None:
+def private_index(root: str | os.PathLike[str]) -> str | None:
     """The index of the cache at ``root`` if the root is a directory and the index a file,
     both this user's and owner-only (and its ``-wal``/``-shm`` files too, when present);
     else None: the agent's start makes, tightens or refuses the root (``private.py``)."""
-    index = root / _INDEX
+    index = os.path.join(root, _INDEX)
     try:
         st = os.stat(root)
         if not stat.S_ISDIR(st.st_mode) or not _ours_and_private(st):
@@ -76,16 +91,22 @@ def private_index(root: Path) -> Path | None:
     return index
 
 
-def find_ready(index: Path, env_id: str) -> dict[str, Any] | None:
+def index_uri(index: str, mode: str) -> str:
+    """SQLite's URI of the index file (``mode=rw``: never creates a file, so a root emptied
+    meanwhile stays empty). A path's ``%``, ``?`` and ``#`` are escaped: SQLite decodes
+    ``%HH`` and ends the path at the other two."""
+    path = index.replace("%", "%25").replace("?", "%3f").replace("#", "%23")
+    return f"file:{path}?mode={mode}"
+
+
+def find_ready(index: str, env_id: str) -> dict[str, Any] | None:
     """The stored context of env ``env_id`` if the index records it with every resource's
     directory present and its context in the current form, its use recorded; else None.
 
     One write transaction, so that the env and its resources are read and touched as one
     (a concurrent eviction either went first, and the env is not found, or waits)."""
-    # mode=rw: never creates a file (a root emptied meanwhile stays empty).
-    uri = f"file:{urllib.parse.quote(str(index))}?mode=rw"
     try:
-        db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+        db = sqlite3.connect(index_uri(index, "rw"), uri=True, timeout=30, isolation_level=None)
     except sqlite3.Error:
         return None
     try:
@@ -95,8 +116,10 @@ def find_ready(index: Path, env_id: str) -> dict[str, Any] | None:
             context = _touch_if_ready(db, env_id)
             db.execute("COMMIT" if context is not None else "ROLLBACK")
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
+            try:  # noqa: SIM105 (contextlib and functools are not imported on this path)
                 db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
             raise
         return context
     except (sqlite3.Error, OSError, ValueError):
@@ -106,21 +129,30 @@ def find_ready(index: Path, env_id: str) -> dict[str, Any] | None:
 
 
 def _touch_if_ready(db: sqlite3.Connection, env_id: str) -> dict[str, Any] | None:
+    import json
+
+    from ..context.model import CONTEXT_FORMAT
+
     row = db.execute("SELECT context FROM envs WHERE env_id = ?", (env_id,)).fetchone()
     if row is None:
         return None
     context: dict[str, Any] = json.loads(row[0])
     if context.get("format") != CONTEXT_FORMAT:
         return None  # an older form: the agent rebuilds it (``cache_envs._current_context``)
+    if not resources_present(db, env_id):
+        return None
+    record_use(db, env_id, time.time())
+    return context
+
+
+def resources_present(db: sqlite3.Connection, env_id: str) -> bool:
+    """Whether every resource env ``env_id`` uses is recorded with its directory there."""
     paths = db.execute(
         "SELECT r.path FROM env_resources e LEFT JOIN resources r ON r.uri = e.uri"
         " WHERE e.env_id = ?",
         (env_id,),
     ).fetchall()
-    if any(path is None or not os.path.isdir(path) for (path,) in paths):
-        return None
-    record_use(db, env_id, time.time())
-    return context
+    return not any(path is None or not os.path.isdir(path) for (path,) in paths)
 
 
 def record_use(db: sqlite3.Connection, env_id: str, now: float) -> None:

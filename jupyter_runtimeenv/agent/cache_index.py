@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheUnavailable
+from .answers import ANSWERS_TABLE
 from .private import PRIVATE_DIR, describe, prepare_root, tighten_index
 
 _SCHEMA = """
@@ -69,6 +70,8 @@ def _open_index(db: sqlite3.Connection) -> None:
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=30000")
             db.executescript(_SCHEMA)
+            db.execute(ANSWERS_TABLE)  # the CLI's answers to cached builds (``answers``)
+            db.execute("CREATE INDEX IF NOT EXISTS answers_by_env ON answers (env_id)")
             return
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)

@@ -255,4 +255,5 @@ class ResourceIndex(Index):
         for env_id in envs:
             db.execute("DELETE FROM envs WHERE env_id = ?", (env_id,))
             db.execute("DELETE FROM env_resources WHERE env_id = ?", (env_id,))
+            db.execute("DELETE FROM answers WHERE env_id = ?", (env_id,))
         return envs
