@@ -105,6 +105,7 @@ _PR_SET_PDEATHSIG = 1
 #: Our exit code when the driver died (the process group is SIGKILLed first: rarely seen).
 ORPHANED = 70
 _start_ppid = 0
+_group_ours = False  # our process group was made for us: ``orphaned`` may kill it
 
 
 def watchdog(lifeline: int | None, parent: int) -> None:
@@ -122,6 +123,8 @@ def watchdog(lifeline: int | None, parent: int) -> None:
     thread that makes them), so the kernel hands it to the waiting thread: a Python handler
     would run only when the main thread next runs bytecode, not while a task sleeps.
     """
+    global _group_ours
+    _group_ours = _own_group(parent or _start_ppid)
     if sys.platform == "linux" and parent and parent == _start_ppid:
         sig = signal.SIGRTMIN + PDEATH_OFFSET
         signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
@@ -166,13 +169,23 @@ def _watch_ppid() -> None:
             orphaned()
 
 
+def _own_group(driver: int) -> bool:
+    """Whether our process group is ours alone: not the ``driver``'s (it starts us, or the
+    command prefix in front of us, leading a group of its own in its session:
+    ``lifeline.OWN_GROUP``), where a bootstrap run by hand would share its parent's. Asked
+    as the watchdog is armed, while the driver is there to be asked."""
+    try:
+        return os.getpgid(0) != os.getpgid(driver)
+    except OSError:  # the driver is gone already: ours if we lead it
+        return os.getpgid(0) == os.getpid()
+
+
 def orphaned() -> None:
     """The driver is gone: SIGKILL our process group (us and whatever the task started), or
     just exit where the group is not ours alone (a bootstrap run by hand)."""
     try:
-        pgid = os.getpgid(0)
-        if pgid == os.getsid(0):
-            os.killpg(pgid, signal.SIGKILL)
+        if _group_ours:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
     finally:
         os._exit(ORPHANED)
 

@@ -19,8 +19,7 @@ finds it under its kernel, ``PR_SET_PDEATHSIG`` watches the driver, and the temp
 while its workers run. The reply is the worker's pid.
 
 The template keeps one such child cloned ahead of the request (the *spare*): it has made its
-own session already (``setsid``: 0.03-11 ms at load 5 here, the new session's first
-scheduling, mostly waiting for a CPU) and waits on a socket of its own for a request, which
+own process group already (``setpgid``) and waits on a socket of its own for a request, which
 the template hands on to it unread, then answers with the spare's pid. A new spare is cloned
 once the control socket has been quiet for ``SPARE_AFTER`` (not while the worker just handed
 out sets itself up); a request that finds none is forked at once, as before. The driver
@@ -35,8 +34,10 @@ request in the microseconds before a SIGKILL of the template, before it answered
 child exits at its channel's EOF, a zombie until the driver exits); no test can hit that
 instant, and a spare's ~10 ms after every HELLO was the window a hog run found.
 
-The child then becomes what ``Popen`` plus an interpreter start would have made: a session
-leader of its own group, its stdio on the pipes, the channel on fd ``C``, the request's
+The child then becomes what ``Popen`` plus an interpreter start would have made: the leader of
+a process group of its own in the driver's session (the template is started in it, as a
+worker is: ``lifeline.OWN_GROUP``; a session of its own would be a share of the CPUs of its
+own), its stdio on the pipes, the channel on fd ``C``, the request's
 environment (``os.environ``, so also what its children get), cwd, umask, limits, niceness and
 affinity, ``--forked`` in place of ``--zygote`` in its command line, and returns to
 ``_entry`` (sys.path, watchdog, setup hook, HELLO) like a spawned worker.
@@ -234,11 +235,11 @@ def _clone_spare(clone: _Clone) -> tuple[int, socket.socket, bytes]:
 def _be_spare(
     sock: socket.socket, control: socket.socket, clone: _Clone, name: bytes
 ) -> dict[str, Any]:
-    """In a spare: make our session now, then wait for the request the template hands on
-    and become that worker (``_become_worker``, under our ``name`` again); exit at EOF (the
-    template stopped)."""
+    """In a spare: make our process group now, then wait for the request the template
+    hands on and become that worker (``_become_worker``, under our ``name`` again); exit at
+    EOF (the template stopped)."""
     try:
-        os.setsid()
+        os.setpgid(0, 0)
         # The template's control socket is not ours to hold (the driver must see EOF when
         # the template exits): its number is kept for the channel (our argv names it).
         os.dup2(sock.fileno(), control.fileno())
@@ -250,7 +251,7 @@ def _be_spare(
         sock.close()
         request: dict[str, Any] = json.loads(body)
         try:
-            _become_worker(request, fds, control, new_session=False)
+            _become_worker(request, fds, control, new_group=False)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -338,7 +339,7 @@ def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socke
     pid = _clone_checked(clone)
     if pid == 0:
         try:
-            _become_worker(request, fds, control, new_session=True)
+            _become_worker(request, fds, control, new_group=True)
         except BaseException as exc:  # nothing half-made may run tasks: tell, and go
             _setup_failed(exc)
     return pid
@@ -353,15 +354,15 @@ def _clone_checked(clone: _Clone) -> int:
 
 
 def _become_worker(
-    request: dict[str, Any], fds: list[int], control: socket.socket, *, new_session: bool
+    request: dict[str, Any], fds: list[int], control: socket.socket, *, new_group: bool
 ) -> None:
-    """In the child: what ``Popen(start_new_session=True, env=, cwd=, pass_fds=)`` and a new
-    interpreter would have given it (a spare made its session already)."""
+    """In the child: what ``Popen(process_group=0, env=, cwd=, pass_fds=)`` and a new
+    interpreter would have given it (a spare made its group already)."""
     if len(fds) != 3:
         raise OSError(f"expected 3 descriptors, got {len(fds)}")
     channel, out, err = fds
-    if new_session:
-        os.setsid()
+    if new_group:
+        os.setpgid(0, 0)
     if _pdeath_signal:  # the watchdog of _entry arms its own (a worker's is sigwait-based)
         signal.signal(_pdeath_signal, signal.SIG_DFL)
     os.dup2(out, 1)

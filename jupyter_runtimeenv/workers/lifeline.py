@@ -13,9 +13,10 @@ template processes). The worker side is ``_entry.watchdog``.
   started from a short-lived thread (a pool's spare, a reader thread replacing a dead
   worker) would be told its parent died while it lives. So every child is started from
   one thread that lives as long as the process.
-- **The group**: workers are session leaders; ``kill_group`` SIGKILLs the whole group (the
-  task's forks and children). Call it only while the leader is not yet reaped: a zombie
-  keeps its pid, so the group id cannot name someone else's group.
+- **The group**: every worker and template leads a process group of its own (``OWN_GROUP``,
+  in the driver's session); ``kill_group`` SIGKILLs the whole group (the task's forks and
+  children). Call it only while the leader is not yet reaped: a zombie keeps its pid, so
+  the group id cannot name someone else's group.
 - **Exit watching**: ``exit_fd`` opens a pidfd (Linux 5.3+), readable once the process
   exits, even while a fork of it still holds the worker's pipes open.
 
@@ -34,11 +35,23 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["exit_fd", "kill_group", "launch", "launcher_tid", "lifeline_fd"]
+__all__ = ["OWN_GROUP", "exit_fd", "kill_group", "launch", "launcher_tid", "lifeline_fd"]
 
 T = TypeVar("T")
+
+#: ``Popen`` keywords for a worker or a template: the leader of a process group of its own
+#: (``kill_group`` ends it with whatever its task started; a Ctrl-C, or a kernel interrupt
+#: sent to the driver's group, does not reach it), in the driver's session, not a session of
+#: its own. Linux (autogroup) shares the CPUs among sessions first: a kernel's template and
+#: workers in sessions of their own each took as large a share as a whole kernel, and with
+#: 16 kernels starting their first workers at once up to 30 sessions were runnable beside the
+#: Jupyter server's (``benchmarks/bench_kernels_tail.py``); in the driver's session they
+#: share the kernel's. Python 3.10 has no ``process_group``: a session there, as before.
+OWN_GROUP: dict[str, Any] = (
+    {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+)
 
 _lock = threading.Lock()
 _lifeline: tuple[int, int] | None = None  # (read end, write end)

@@ -3,7 +3,8 @@
 Created and owned by ``Pool``. ``start()`` forks the worker from a template of its
 interpreter (``zygote``), or where that cannot give exactly the same worker spawns
 ``compose(ctx, [_entry.py, "--fd", N, ...])``; either way with one end of a socketpair as
-fd ``N``, stdout/stderr on pipes, in a session of its own. One reader thread per worker
+fd ``N``, stdout/stderr on pipes, leading a process group of its own in the driver's session
+(``lifeline.OWN_GROUP``). One reader thread per worker
 multiplexes the three: output is fed to ``StreamForwarder``s, frames (read and
 decoded by the worker's ``Channel``) become outcomes. Before handling answers the thread
 drains the output pipes, so every line a task printed (the worker flushes before answering)
@@ -178,8 +179,8 @@ class WorkerProcess(Answers):
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     # A Ctrl-C meant for the driver must not kill tasks; the driver ends
-                    # workers. Its own session: its group is killed as a whole.
-                    start_new_session=True,
+                    # workers. Its own group (killed as a whole), in the driver's session.
+                    **lifeline.OWN_GROUP,
                 )
             )
         except OSError as exc:

@@ -139,7 +139,7 @@ class Template:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    start_new_session=True,  # a Ctrl-C meant for the driver is not for it
+                    **lifeline.OWN_GROUP,  # a Ctrl-C meant for the driver is not for it
                 )
             )
         except OSError as exc:

@@ -253,3 +253,52 @@ def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+BY_HAND = textwrap.dedent(
+    """
+    import os, socket, subprocess, sys, time
+    entry, cloudpickle_var, cloudpickle_dir = sys.argv[1:4]
+    ours, theirs = socket.socketpair()
+    # In this group, as the bootstrap is; it holds the channel's other end open, so that
+    # the bootstrap does not end at the channel's EOF: only its watchdog can tell.
+    sibling = subprocess.Popen(["sleep", "300"], pass_fds=(ours.fileno(),))
+    bootstrap = subprocess.Popen(
+        [sys.executable, entry, "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+        pass_fds=(theirs.fileno(),),
+        env={**os.environ, cloudpickle_var: cloudpickle_dir},
+    )
+    theirs.close()
+    ours.settimeout(120)
+    assert ours.recv(1), "no HELLO"
+    print(sibling.pid, bootstrap.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_an_orphaned_bootstrap_in_its_drivers_group_kills_no_one_else(
+    tmp_path: Path, tracked: list[Proc]
+) -> None:
+    # A bootstrap started as a plain child (run by hand: not the leader of a group of its
+    # own) shares its driver's process group. Orphaned, it exits and leaves that group
+    # alone. The driver here leads a session, as a kernel does; the rule before workers
+    # moved into their driver's session ("our group leads our session") took the shared
+    # group for the worker's own and SIGKILLed it, the sibling too.
+    script = tmp_path / "by_hand.py"
+    script.write_text(BY_HAND)
+    argv = [sys.executable, str(script), ENTRY, CLOUDPICKLE_VAR]
+    driver = subprocess.Popen(
+        [*argv, os.path.dirname(cloudpickle.__file__)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert driver.stdout is not None
+        sibling, bootstrap = (of(int(pid)) for pid in driver.stdout.readline().split())
+        tracked += [sibling, bootstrap]
+        assert os.getpgid(bootstrap.pid) == os.getpgid(sibling.pid) == driver.pid
+    finally:
+        sigkill(driver)
+    assert survivors([bootstrap], WITHIN) == []  # it noticed, and went
+    assert survivors([sibling], 0.5) == [sibling]  # and its group lives on

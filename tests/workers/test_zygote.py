@@ -34,6 +34,9 @@ from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers import lifeline, process, zygote
 from jupyter_runtimeenv.workers.pool import Pool
 
+#: Workers and templates start in the driver's session (``lifeline.OWN_GROUP``).
+IN_DRIVERS_SESSION = "process_group" in lifeline.OWN_GROUP
+
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"),
     reason="templates fork workers on Linux x86_64/aarch64",
@@ -77,7 +80,7 @@ def snapshot() -> dict[str, Any]:
         "umask": mask,
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "affinity": sorted(os.sched_getaffinity(0)),
-        "leader": (os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid()),
+        "leader": (os.getpgid(0) == os.getpid(), os.getsid(0)),
         "ppid": os.getppid(),
         "entry": [part for part in cmdline if part.endswith(b"_entry.py")] != [],
         "forked": cmdline[-2:] == [b"--forked", b""] and sys.argv[-1] == "--forked",
@@ -174,7 +177,10 @@ def test_a_forked_worker_is_what_a_spawned_one_would_be(
     assert forked["environ"]["JRE_TEST"] == "direct"
     assert forked["cwd"] == os.path.realpath(request.getfixturevalue("tmp_path"))
     assert forked["umask"] == 0o027
-    assert forked["leader"] == (True, True)
+    # The leader of its own group, in the driver's session (its turn on the CPUs is the
+    # driver's: lifeline.OWN_GROUP), as a spawned one is; Python 3.10: a session of its own.
+    assert forked["leader"][0]
+    assert (forked["leader"][1] == os.getsid(0)) == IN_DRIVERS_SESSION
     assert forked["ppid"] == os.getpid() != template.pid
     assert forked["entry"]
     assert forked["lifeline"] == "fifo"
@@ -301,7 +307,12 @@ def test_the_templates_spare_becomes_the_next_worker_and_a_stopped_one_is_reaped
     template = template_ready(ctx, pools)
     spare = spare_of(template)
     assert cmdline(spare)[-1:] == ["--zygote"]  # not a worker until it is handed one
-    assert os.getsid(spare) == spare  # its session made ahead
+    assert os.getpgid(spare) == spare  # its group made ahead
+    # In the driver's session, as the template is (each its own group): the kernel's turn
+    # on the CPUs, not one of their own each.
+    assert (os.getsid(spare) == os.getsid(0)) == IN_DRIVERS_SESSION
+    assert os.getpgid(template.pid) == template.pid
+    assert (os.getsid(template.pid) == os.getsid(0)) == IN_DRIVERS_SESSION
     assert comm(spare) == f"jrespare{template.pid}"  # what the driver finds orphans by
     assert submit(pools(ctx), os.getpid).result(120) == spare
     # A worker now: its own name back (not compared with the template's, which carries
