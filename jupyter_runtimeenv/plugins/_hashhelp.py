@@ -178,14 +178,6 @@ def give_back(helper: Helper) -> None:
     helper.stop()
 
 
-def _stop_all() -> None:
-    with _lock:
-        helpers = list(_idle)
-        _idle.clear()
-    for helper in helpers:
-        helper.stop()
-
-
 def _forget_in_child() -> None:
     # A forked child has copies of the pipes: closed, so the helper still ends with us.
     global _lock
