@@ -7,6 +7,7 @@ browser, signals sent to the server. pytest-jupyter's in-process server serves t
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import secrets
 import signal
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 API = "jupyter-runtimeenv/api/"
+#: Starts on a new port when the last one was taken before the server could bind it.
+PORT_TRIES = 3
+#: What jupyter_server logs when its port is taken (``port_retries=0``: then it exits).
+ADDRESS_IN_USE = "already in use"
 
 
 def free_port() -> int:
@@ -66,6 +71,25 @@ class JupyterProcess:
         self.root = root
         self.log_path = log
         self.token = secrets.token_hex(16)
+        self.log = log.open("wb")
+        self.proc: subprocess.Popen[bytes] | None = None
+        try:
+            for attempt in range(PORT_TRIES):
+                self._start(module, root, env, args)
+                if self._wait_until_up(startup_timeout):
+                    return
+                text = log.read_text(errors="replace")
+                if ADDRESS_IN_USE not in text or attempt + 1 == PORT_TRIES:
+                    raise RuntimeError(f"{module} did not start:\n{text}")
+                # free_port's port was taken before the server bound it (a kernel's ZMQ
+                # socket, another test's server): it exited; start again on another port.
+                self.log.seek(0)
+                self.log.truncate()
+        except BaseException:
+            self.stop()  # whatever went wrong, never leave a server behind
+            raise
+
+    def _start(self, module: str, root: Path, env: Mapping[str, str], args: Sequence[str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         argv = [
@@ -73,21 +97,28 @@ class JupyterProcess:
             f"--port={self.port}", "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}", *args,
         ]  # fmt: skip
-        self.log = log.open("wb")
         with hangup_at_default():
             self.proc = subprocess.Popen(
                 argv, env=dict(env), cwd=root, stdout=self.log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + startup_timeout
+
+    def _wait_until_up(self, timeout: float) -> bool:
+        """True once this server answers ``status``; False if it exited first. Until then
+        nothing on the port, or another process answering there (not HTTP: a kernel's ZMQ
+        socket holding the port this one could not bind), is not an answer."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 self.api("GET", "status")
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"{module} did not start:\n{log.read_text(errors='replace')}"
+                return True
+            except (OSError, http.client.HTTPException):
+                if self.proc.poll() is not None:
+                    return False
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"no answer on port {self.port} within {timeout} s:\n"
+                        + self.log_path.read_text(errors="replace")
                     ) from None
                 time.sleep(0.2)
 
@@ -108,7 +139,7 @@ class JupyterProcess:
         return self.request(method, API + path, body)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(30)
