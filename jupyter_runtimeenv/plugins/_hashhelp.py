@@ -50,6 +50,10 @@ _PIPE_SIZE = 1 << 20
 _CHILD = str(Path(__file__).with_name("_hash_child.py"))
 #: How long ``take`` waits for the answer to a job the caller did whole.
 _PENDING_S = 5.0
+#: How long an idle helper is kept: then this process ends and reaps it (before the
+#: helper's own ``_hash_child.IDLE_S``, 20 s, which is left for a caller that cannot: its
+#: exit would leave a zombie until the next ``take`` or this process's end).
+RETIRE_S = 15.0
 #: Files larger than this are read in chunks by ``_hashing`` (never sent to the helper).
 _WHOLE_MAX = 8 << 20
 
@@ -84,6 +88,8 @@ class Helper:
             os.close(from_w)
         #: A job was sent whose answer is not read yet.
         self.pending = False
+        #: While idle: what ends it after ``RETIRE_S`` (``give_back``).
+        self.retire: threading.Timer | None = None
 
     def send(self, root: str, files: list[tuple[int, str, str, int, int, int, int]]) -> None:
         data = marshal.dumps((root, BLOB_MTIME_NS, files))
@@ -149,6 +155,8 @@ def take() -> Helper | None:
     with _lock:
         helper = _idle.pop() if _idle else None
     if helper is not None:
+        if helper.retire is not None:
+            helper.retire.cancel()
         if helper.ready(_PENDING_S):
             return helper
         helper.stop(kill=helper.pending)  # gone, or stuck (stopped?) for seconds
@@ -171,10 +179,24 @@ def warm() -> None:
 
 
 def give_back(helper: Helper) -> None:
+    """Keep ``helper`` for the next ``take`` (one at most), ended ``RETIRE_S`` later if
+    none takes it; another one is stopped now."""
     with _lock:
         if not _idle:
             _idle.append(helper)
+            helper.retire = threading.Timer(RETIRE_S, _retire, (helper,))
+            helper.retire.daemon = True
+            helper.retire.start()
             return
+    helper.stop()
+
+
+def _retire(helper: Helper) -> None:
+    """End an idle helper that nobody took (its input closed: it exits) and reap it."""
+    with _lock:
+        if helper not in _idle:
+            return  # taken meanwhile
+        _idle.remove(helper)
     helper.stop()
 
 

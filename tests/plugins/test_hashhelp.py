@@ -239,6 +239,34 @@ def test_the_helper_ends_with_its_input() -> None:
     os.close(helper.from_r)
 
 
+def test_an_idle_helper_is_ended_and_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper given back and not taken again is ended by this process and reaped: it was
+    left to end itself after 20 s idle and stayed a zombie until the next hash or this
+    process's end (seen under a server: ``[python] <defunct>``)."""
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
+    helper = _hashhelp.Helper()
+    _hashhelp.give_back(helper)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{helper.pid}"):  # a zombie's entry stays until reaped
+        assert time.monotonic() < deadline, "the idle helper was not ended and reaped"
+        time.sleep(0.01)
+    assert _hashhelp.take() is not helper
+
+
+def test_a_helper_taken_back_before_its_retirement_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.5)
+    helper = _hashhelp.Helper()
+    _hashhelp.give_back(helper)
+    assert _hashhelp.take() is helper
+    time.sleep(1.0)  # past the retirement it would have had
+    assert running(helper.pid)
+    helper.stop()
+
+
 async def test_a_full_disk_while_a_large_tree_is_parsed_is_the_cache_not_the_spec(
     tmp_path: Path, make_agent: Any
 ) -> None:
