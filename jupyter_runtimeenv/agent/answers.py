@@ -31,7 +31,7 @@ import sqlite3
 import sys
 import time
 
-from .cache_hit import index_uri, record_use, resources_present
+from .cache_hit import in_one_transaction, index_uri, record_use, resources_present
 
 TYPE_CHECKING = False  # typing's import (with re, enum, functools) is ~8 ms of this path
 if TYPE_CHECKING:
@@ -191,27 +191,8 @@ def remember(
 def recall(index: str, key: str, as_json: bool) -> tuple[str, str] | None:
     """What to print for ``key`` (the text before and after its seconds), its env's use
     recorded; None when there is no answer, or it no longer holds (see the module's doc)."""
-    try:
-        db = sqlite3.connect(index_uri(index, "rw"), uri=True, timeout=30, isolation_level=None)
-    except sqlite3.Error:
-        return None
-    try:
-        db.execute("PRAGMA synchronous=NORMAL")  # as the agent's connection (cache_index)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            found = _recall(db, key, as_json)
-            db.execute("COMMIT" if found is not None else "ROLLBACK")
-        except BaseException:
-            try:  # noqa: SIM105 (contextlib and functools are not imported on this path)
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-        return found
-    except (sqlite3.Error, OSError, ValueError):
-        return None  # no answers table yet, a busy or damaged index: the caller parses
-    finally:
-        db.close()
+    # None: no answers table yet, a busy or damaged index: the caller parses.
+    return in_one_transaction(index, lambda db: _recall(db, key, as_json))
 
 
 def _recall(db: sqlite3.Connection, key: str, as_json: bool) -> tuple[str, str] | None:

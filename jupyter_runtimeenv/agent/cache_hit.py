@@ -26,8 +26,11 @@ import time
 
 TYPE_CHECKING = False  # typing, pathlib and json are imported where used: ``answers``
 if TYPE_CHECKING:  # answers a build with this module and sqlite3 alone
+    from collections.abc import Callable
     from pathlib import Path
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 CACHE_ENV_VAR = "JUPYTER_RUNTIMEENV_CACHE"
 
@@ -38,6 +41,7 @@ __all__ = [
     "default_cache_dir",
     "default_cache_root",
     "find_ready",
+    "in_one_transaction",
     "index_uri",
     "private_index",
     "record_use",
@@ -105,6 +109,15 @@ def find_ready(index: str, env_id: str) -> dict[str, Any] | None:
 
     One write transaction, so that the env and its resources are read and touched as one
     (a concurrent eviction either went first, and the env is not found, or waits)."""
+    # None for an index that cannot be used: the agent's start says what is wrong, if anything.
+    return in_one_transaction(index, lambda db: _touch_if_ready(db, env_id))
+
+
+def in_one_transaction(index: str, work: Callable[[sqlite3.Connection], T | None]) -> T | None:
+    """``work(db)`` in one write transaction (``BEGIN IMMEDIATE``) on the index file
+    ``index``, committed if it found something (not None), else rolled back; None also where
+    the index cannot be opened or used (no such file or table, busy, damaged, a disk error).
+    Never creates the file."""
     try:
         db = sqlite3.connect(index_uri(index, "rw"), uri=True, timeout=30, isolation_level=None)
     except sqlite3.Error:
@@ -113,17 +126,17 @@ def find_ready(index: str, env_id: str) -> dict[str, Any] | None:
         db.execute("PRAGMA synchronous=NORMAL")  # as the agent's connection (cache_index)
         db.execute("BEGIN IMMEDIATE")
         try:
-            context = _touch_if_ready(db, env_id)
-            db.execute("COMMIT" if context is not None else "ROLLBACK")
+            found = work(db)
+            db.execute("COMMIT" if found is not None else "ROLLBACK")
         except BaseException:
             try:  # noqa: SIM105 (contextlib and functools are not imported on this path)
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             raise
-        return context
+        return found
     except (sqlite3.Error, OSError, ValueError):
-        return None  # the agent's start says what is wrong, if anything is
+        return None
     finally:
         db.close()
 

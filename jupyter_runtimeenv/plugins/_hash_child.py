@@ -27,7 +27,8 @@ import struct
 
 #: Seconds without a job after which the helper ends (the next job starts another).
 IDLE_S = 20.0
-_HEAD = struct.Struct("!I")
+#: The frames' length prefix, both ways (``_hashhelp`` reads and writes the same).
+HEAD = struct.Struct("!I")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -35,7 +36,7 @@ File = tuple[int, str, str, int, int, int, int]
 Done = tuple[int, str, int, int]
 
 
-def _exactly(fd: int, size: int) -> bytes | None:
+def read_exactly(fd: int, size: int) -> bytes | None:
     data = b""
     while len(data) < size:
         chunk = os.read(fd, size - len(data))
@@ -107,13 +108,13 @@ def main() -> None:
         ready, _, _ = select.select([0], [], [], IDLE_S)
         if not ready:
             return
-        head = _exactly(0, _HEAD.size)
-        body = _exactly(0, _HEAD.unpack(head)[0]) if head is not None else None
+        head = read_exactly(0, HEAD.size)
+        body = read_exactly(0, HEAD.unpack(head)[0]) if head is not None else None
         if body is None:
             return
         root, stamp, files = marshal.loads(body)
         answer = marshal.dumps(run(root, stamp, files, umask))
-        view = memoryview(_HEAD.pack(len(answer)) + answer)
+        view = memoryview(HEAD.pack(len(answer)) + answer)
         try:
             while view:
                 view = view[os.write(1, view) :]

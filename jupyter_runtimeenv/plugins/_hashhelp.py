@@ -27,7 +27,6 @@ import marshal
 import os
 import select
 import signal
-import struct
 import sys
 import threading
 import time
@@ -37,13 +36,13 @@ from pathlib import Path
 from ..spec.files import BadFile, open_regular
 from . import _blobs, _statcache
 from ._blobs import BLOB_MTIME_NS
+from ._hash_child import HEAD, read_exactly
 from ._layout import Layer, LayOut
 
 __all__ = ["ENV_VAR", "Helper", "give_back", "hash_into", "split", "take", "warm"]
 
 #: Set to 0 to hash every tree in this process's threads (no helper).
 ENV_VAR = "JUPYTER_RUNTIMEENV_HASH_HELPER"
-_HEAD = struct.Struct("!I")
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 #: Fits a job of ~10,000 files (the largest an unprivileged process may ask by default).
 _PIPE_SIZE = 1 << 20
@@ -93,13 +92,13 @@ class Helper:
 
     def send(self, root: str, files: list[tuple[int, str, str, int, int, int, int]]) -> None:
         data = marshal.dumps((root, BLOB_MTIME_NS, files))
-        _blobs.write_all(self.to_w, _HEAD.pack(len(data)) + data)
+        _blobs.write_all(self.to_w, HEAD.pack(len(data)) + data)
         self.pending = True
 
     def answer(self) -> list[tuple[int, str, int, int]] | None:
         """The answer to the job sent (blocking); None if the helper is gone."""
-        head = _exactly(self.from_r, _HEAD.size)
-        body = _exactly(self.from_r, _HEAD.unpack(head)[0]) if head is not None else None
+        head = read_exactly(self.from_r, HEAD.size)
+        body = read_exactly(self.from_r, HEAD.unpack(head)[0]) if head is not None else None
         self.pending = False
         if body is None:
             return None
@@ -132,16 +131,6 @@ class Helper:
                 os.close(fd)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-
-
-def _exactly(fd: int, size: int) -> bytes | None:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
 
 
 _lock = threading.Lock()
