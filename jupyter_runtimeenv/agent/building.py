@@ -19,7 +19,7 @@ from typing import Any
 
 from ..context import ContextBuilder, EnvContext
 from ..errors import BuildError, BuildTimeout
-from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
+from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync, runs_inline
 from ..redact import redact_text
 from ..spec import RuntimeEnvSpec
 from .build import EnvLog
@@ -90,6 +90,8 @@ class Builds(AgentCore):
         this = asyncio.current_task()
         self._publish_state(self._machine.start(env_id, time.time()))
         deadline = self._deadline(spec)
+        recorded = False
+        commits = self._resources.commits
         try:
             try:
                 context, uris = await asyncio.wait_for(self._build_steps(spec, log), deadline)
@@ -111,6 +113,7 @@ class Builds(AgentCore):
             await asyncio.to_thread(
                 cache.record_env, env_id, spec.to_json(), context.to_json(), uris
             )
+            recorded = True  # and its pins dropped (the record holds its resources now)
             self._publish_state(self._machine.succeed(env_id, context.to_json(), time.time()))
         except asyncio.CancelledError:
             self._fail(
@@ -129,7 +132,8 @@ class Builds(AgentCore):
         finally:
             with contextlib.suppress(Exception):
                 # Pins end with the build (a READY env's record took them over already).
-                await asyncio.shield(asyncio.to_thread(cache.unpin_env, env_id))
+                if not recorded:
+                    await asyncio.shield(asyncio.to_thread(cache.unpin_env, env_id))
             with contextlib.suppress(Exception):
                 await asyncio.shield(log.flush())
             record = self._machine.get(env_id)
@@ -143,7 +147,13 @@ class Builds(AgentCore):
                 done.set_result(None)
             if self._builds.get(env_id) is this:
                 del self._builds[env_id]
-        if not self._stopping and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes:
+        # Only what added to the cache meanwhile can have taken it over its cap (the sum is a
+        # query in a thread, which contended with the new env's first worker for the GIL).
+        if (
+            self._resources.commits != commits
+            and not self._stopping
+            and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes
+        ):
             self._spawn(self.gc())
 
     def _fail(self, env_id: str, error: BuildError) -> None:
@@ -162,7 +172,13 @@ class Builds(AgentCore):
         uris: dict[str, list[str]] = {}
         for name, plugin, value in active:
             uris[name] = list(
-                await call_maybe_sync(plugin.uris, value, spec, to_thread=asyncio.to_thread)
+                await call_maybe_sync(
+                    plugin.uris,
+                    value,
+                    spec,
+                    to_thread=asyncio.to_thread,
+                    inline=runs_inline(plugin, "uris"),
+                )
             )
         jobs = [
             ResourceJob(spec, log, name, plugin, value, uri)
@@ -183,7 +199,12 @@ class Builds(AgentCore):
         for name, plugin, value in active:
             try:
                 await call_maybe_sync(
-                    plugin.modify_context, uris[name], value, ctx, to_thread=asyncio.to_thread
+                    plugin.modify_context,
+                    uris[name],
+                    value,
+                    ctx,
+                    to_thread=asyncio.to_thread,
+                    inline=runs_inline(plugin, "modify_context"),
                 )
             except BuildError:
                 raise

@@ -47,6 +47,9 @@ class Resources:
         self._registry = registry
         self._tasks: dict[str, asyncio.Task[tuple[Path, bool]]] = {}
         self._waiters: dict[str, int] = {}
+        #: Resources this process has committed to the cache so far (a build that saw none
+        #: committed during it skips the check of the cache's size against its cap).
+        self.commits = 0
 
     def building(self, uri: str) -> bool:
         return uri in self._tasks
@@ -106,7 +109,9 @@ class Resources:
                 size = await call_maybe_sync(
                     job.plugin.create, uri, job.value, build, to_thread=asyncio.to_thread
                 )
-                return await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0)), False
+                path = await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0))
+                self.commits += 1
+                return path, False
             except BuildError as exc:
                 exc.step = exc.step or name
                 exc.output_tail = exc.output_tail or list(build.tail)

@@ -24,6 +24,7 @@ class DriverPythonPlugin(RuntimeEnvPlugin):
     # First: every plugin that brings its own interpreter (pip 10, conda, py_executable 40)
     # overrides it.
     priority = 5
+    pure_context = True
     description = "the driver's Python executable, which environments are layered over"
 
     def validate(self, value: Any) -> str:

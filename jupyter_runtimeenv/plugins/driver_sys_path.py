@@ -21,6 +21,7 @@ from .base import RuntimeEnvPlugin
 class DriverSysPathPlugin(RuntimeEnvPlugin):
     name = "driver_sys_path"
     priority = 90
+    pure_context = True
     description = "true, false, or a list of directories to put first on workers' sys.path"
 
     def validate(self, value: Any) -> bool | list[str]:

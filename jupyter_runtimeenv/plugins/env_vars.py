@@ -28,6 +28,7 @@ MAX_NAME_CHARS = 1024
 class EnvVarsPlugin(RuntimeEnvPlugin):
     name = "env_vars"
     priority = 60
+    pure_context = True
     description = "environment variables: a mapping of names to string values"
 
     def validate(self, value: Any) -> dict[str, str]:

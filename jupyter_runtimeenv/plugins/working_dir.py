@@ -29,6 +29,7 @@ class WorkingDirPlugin(RuntimeEnvPlugin):
     name = "working_dir"
     # After py_modules (25): it inserts itself first on sys.path, ahead of them.
     priority = 30
+    pure_context = True
     local_content = True
     description = "a directory, .zip or http(s) zip URL: the workers' cwd, first on sys.path"
 
