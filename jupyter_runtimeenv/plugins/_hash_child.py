@@ -2,14 +2,17 @@
 core of its own (``_hashhelp``). Standard library only; run as ``python -I -S <this file>``.
 
 Who runs it: ``_hashhelp.Helper`` (posix_spawn, its stdin and stdout are pipes to the
-caller). Each job (length-prefixed ``marshal``) is a lay-out directory, the blob stamp and
-the files to do in that order, each (index, source, relative path, device, inode, size,
-mode). A file is *claimed* by creating it in the lay-out (``O_EXCL``): the caller claims the
-same files from the other end of the list, so each file is done by exactly one of them,
-and the first claim that finds the file there ends the job (they met). A claimed file is
+caller). A job comes in frames (length-prefixed ``marshal``), each a lay-out directory, the
+blob stamp, files to do in that order, each (index, source, relative path, device, inode,
+size, mode), and whether more frames of the job follow (the caller's walk sends the files
+it finds as it goes). A file is *claimed* by creating it in the lay-out (``O_EXCL``): the
+caller claims the same files from the other end of the list, so each file is done by
+exactly one of them, and the first claim that finds the file there ends the job (they met:
+the frames still to come are read and left). A claimed file is
 read once (non-blocking, checked on the descriptor to be the regular file of that device,
 inode and size, read for exactly its size), hashed, written, given its mode and the stamp;
-its (index, sha256, inode, ctime_ns) is in the job's answer. Anything else (a file that
+its (index, sha256, inode, ctime_ns) is in the job's answer, sent after its last frame.
+Anything else (a file that
 changed, a read or write error) removes the claimed file and leaves it out of the answer:
 the caller reads it itself, and meets the error there. The program ends at the end of its
 input (the caller gone) or after ``IDLE_S`` without a job.
@@ -68,16 +71,23 @@ def _copy(src: str, dev: int, ino: int, size: int, out: int) -> str | None:
 def run(root: str, stamp: int, files: list[File], umask: int) -> list[Done]:
     """Do ``files`` in order until one is claimed already; what was done."""
     done: list[Done] = []
+    _run(root, stamp, files, umask, done)
+    return done
+
+
+def _run(root: str, stamp: int, files: list[File], umask: int, done: list[Done]) -> bool:
+    """``run``, adding to ``done``; whether it went through ``files`` without meeting a
+    claimed one (the job's next frame is then done too)."""
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return done
+        return False
     try:
         for index, src, rel, dev, ino, size, mode in files:
             try:
                 out = os.open(rel, _CREATE, mode, dir_fd=root_fd)
             except OSError:
-                break  # the caller came this far (or the lay-out takes no more): its files
+                return False  # the caller came this far (or the lay-out takes no more)
             try:
                 sha = _copy(src, dev, ino, size, out)
                 if sha is not None:
@@ -96,7 +106,7 @@ def run(root: str, stamp: int, files: list[File], umask: int) -> list[Done]:
             done.append((index, sha, st.st_ino, st.st_ctime_ns))
     finally:
         os.close(root_fd)
-    return done
+    return True
 
 
 def main() -> None:
@@ -108,12 +118,16 @@ def main() -> None:
         ready, _, _ = select.select([0], [], [], IDLE_S)
         if not ready:
             return
-        head = read_exactly(0, HEAD.size)
-        body = read_exactly(0, HEAD.unpack(head)[0]) if head is not None else None
-        if body is None:
-            return
-        root, stamp, files = marshal.loads(body)
-        answer = marshal.dumps(run(root, stamp, files, umask))
+        done: list[Done] = []
+        going = more = True
+        while more:  # the frames of one job
+            head = read_exactly(0, HEAD.size)
+            body = read_exactly(0, HEAD.unpack(head)[0]) if head is not None else None
+            if body is None:
+                return
+            root, stamp, files, more = marshal.loads(body)
+            going = going and _run(root, stamp, files, umask, done)
+        answer = marshal.dumps(done)
         view = memoryview(HEAD.pack(len(answer)) + answer)
         try:
             while view:

@@ -1,8 +1,8 @@
-"""A new tree's lay-out hashed on two cores: this thread from the front, a helper process
-from the back.
+"""A new tree's lay-out hashed on two cores: a helper process from the front, as the walk
+finds the files, and this thread from the back once the walk is done.
 
-Who calls it: ``_hashing._hash_all``, for a tree read whole into a ``Layer`` (a source's
-first tree at parse, ``_layout``). Blocking.
+Who calls it: ``_hashing._hash_tree`` (``Stream``), for a new tree read whole into a
+``Layer`` (a source's first tree at parse, ``_layout``). Blocking.
 
 Why a process: reading, hashing and writing a file is ~9 system calls, each releasing and
 taking the GIL again, plus ~15 us of Python. Two threads of one process then hand the GIL
@@ -10,12 +10,13 @@ back and forth at every call, and on two cores a 1,000-file tree took as long on
 as on one (tmpfs, 2026-12-04: 77-96 vs 76-84 ms), while two processes did the bare loop in
 half the time (28-40 vs 53-69 ms). So the helper (``_hash_child``, stdlib only, started
 once per process with ``posix_spawn`` and ended after ``_hash_child.IDLE_S`` idle or at the
-end of its input) takes the files from the back while this thread takes them from the
-front; each file is claimed by creating it in the lay-out (``O_EXCL``), so the two meet
-without talking. The helper's answer is each file it did: (sha256, inode, ctime_ns as
-written). Any file neither finished (a read or write error, a file that changed, the helper
-gone) is then done here by ``_hashing``'s own path, which raises what it raises for it; a
-failure here stops the helper (SIGKILL) before the lay-out is removed.
+end of its input) takes the files from the front, sent to it directory by directory while
+the walk goes on, and this thread takes them from the back after the walk; each file is
+claimed by creating it in the lay-out (``O_EXCL``), so the two meet without talking. The
+helper's answer is each file it did: (sha256, inode, ctime_ns as written). Any file neither
+finished (a read or write error, a file that changed, the helper gone) is then done here by
+``_hashing``'s own path, which raises what it raises for it; a failure here, or in the walk,
+stops the helper (SIGKILL) before the lay-out is removed.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from ..spec.files import BadFile, open_regular
 from . import _blobs, _statcache
 from ._blobs import BLOB_MTIME_NS
 from ._hash_child import HEAD, read_exactly
-from ._layout import Layer, LayOut
+from ._layout import Layer
 
-__all__ = ["ENV_VAR", "Helper", "give_back", "hash_into", "split", "take", "warm"]
+__all__ = ["ENV_VAR", "STREAM_FROM", "Helper", "Stream", "claim", "give_back", "take"]
 
 #: Set to 0 to hash every tree in this process's threads (no helper).
 ENV_VAR = "JUPYTER_RUNTIMEENV_HASH_HELPER"
@@ -90,8 +91,11 @@ class Helper:
         #: While idle: what ends it after ``RETIRE_S`` (``give_back``).
         self.retire: threading.Timer | None = None
 
-    def send(self, root: str, files: list[tuple[int, str, str, int, int, int, int]]) -> None:
-        data = marshal.dumps((root, BLOB_MTIME_NS, files))
+    def send(
+        self, root: str, files: list[tuple[int, str, str, int, int, int, int]], more: bool = False
+    ) -> None:
+        """A frame of a job: ``files`` to do in ``root``; ``more``: frames of it follow."""
+        data = marshal.dumps((root, BLOB_MTIME_NS, files, more))
         _blobs.write_all(self.to_w, HEAD.pack(len(data)) + data)
         self.pending = True
 
@@ -155,18 +159,6 @@ def take() -> Helper | None:
         return None
 
 
-def warm() -> None:
-    """Start the process's helper now if there is none (its start, ~10-20 ms of a new
-    interpreter, then overlaps the caller's walk)."""
-    if os.environ.get(ENV_VAR, "1") == "0" or not sys.executable:
-        return
-    with _lock:
-        if _idle:
-            return
-    with contextlib.suppress(OSError):  # none then: the threads hash
-        give_back(Helper())
-
-
 def give_back(helper: Helper) -> None:
     """Keep ``helper`` for the next ``take`` (one at most), ended ``RETIRE_S`` later if
     none takes it; another one is stopped now."""
@@ -203,81 +195,156 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def hash_into(
-    found: list[tuple[str, str, os.stat_result, int]],
-    shas: list[str | None],
-    lay_out: LayOut,
-    layer: Layer,
-    helper: Helper,
-    rest: Callable[[int], str],
-) -> list[str]:
-    """Every file's sha256 (``split``), the lay-out let go of (``lay_out.done``: whole)."""
-    ok = False
-    try:
-        split(found, shas, layer, helper, time.time_ns(), rest)
-        done = [sha for sha in shas if sha is not None]
-        if len(done) != len(found):
-            raise RuntimeError("hashing left files without a digest")
-        ok = True
-    finally:
-        lay_out.done = layer.release(ok)
-        lay_out.made = layer.made
-    return done
+#: A new tree's walk hands its files to the helper once it has found this many (``Stream``):
+#: below, the whole hash is a few ms, less than the helper's first start.
+STREAM_FROM = 128
+
+#: (relative path, source path, stat key (``_statcache.key_of``), st_mode): ``_walk.Found``.
+Found = tuple[str, str, tuple[int, int, int, int, int], int]
+#: (relative path, source path, stat, blob mode) of each file of a tree to hash.
+File = tuple[str, str, os.stat_result, int]
 
 
-def split(
-    found: list[tuple[str, str, os.stat_result, int]],
+class Stream:
+    """A new tree's files handed to the helper while the walk still finds them.
+
+    ``feed`` is called before the walk lists each directory: from ``STREAM_FROM`` files found
+    on, it takes the helper (starting one: its start overlaps the walk), makes the lay-out,
+    and sends the files found since the last call (their directories made first), so the
+    helper reads, hashes and writes from the front of the tree while this thread walks.
+    ``finish`` (after the walk) sends the rest, claims files from the back on this thread
+    until it meets the helper's, and takes the helper's answer (``claim``). ``abort``: the
+    helper stopped (SIGKILL: it may be writing) and the lay-out removed; a no-op once
+    ``finish`` began. Why a stream: the walk (a ``stat`` and the patterns per file, ~10 us
+    a file on one thread) was a tenth of a 1,000-file tree's hash with the other core idle.
+    """
+
+    def __init__(self, path: str, mode_of: Callable[[int], int]) -> None:
+        self.path = path
+        self.mode_of = mode_of
+        self.helper: Helper | None = None
+        self.layer: Layer | None = None
+        #: How many of the walk's files were sent; when reading began (``time.time_ns``).
+        self.sent = 0
+        self.started = 0
+        #: No helper or no lay-out could be had: the caller hashes as without a stream.
+        self.off = False
+        #: After ``finish``: whether the lay-out is whole, and each file's (inode, ctime_ns).
+        self.done = False
+        self.made: dict[str, tuple[int, int]] = {}
+
+    def feed(self, found: list[Found], final: bool = False) -> None:
+        """Send the files of ``found`` not sent yet (``final``: the last of them)."""
+        if self.off or (self.layer is None and (len(found) < STREAM_FROM or not self._begin())):
+            return
+        layer = self.layer
+        if layer is None:
+            return
+        try:
+            layer.add_dirs(found[i][0] for i in range(self.sent, len(found)))
+        except OSError:
+            layer.failed = True  # a full disk: the rest goes to the store (``rest``)
+        jobs = [
+            (i, path, rel, key[0], key[1], key[2], self.mode_of(st_mode))
+            for i, (rel, path, key, st_mode) in enumerate(found[self.sent :], self.sent)
+            if key[2] <= _WHOLE_MAX
+        ]
+        self.sent = len(found)
+        if self.helper is not None and (jobs or final):
+            try:
+                self.helper.send(layer.path, jobs, more=not final)
+            except OSError:  # gone since it was taken: the rest is done here
+                self.helper.stop()
+                self.helper = None
+
+    def _begin(self) -> bool:
+        helper = take()
+        layer = Layer.make(self.path, [], 0) if helper is not None else None
+        if helper is None or layer is None:
+            if helper is not None:
+                give_back(helper)
+            self.off = True
+            return False
+        self.helper, self.layer, self.started = helper, layer, time.time_ns()
+        return True
+
+    def finish(
+        self, found: list[Found], files: list[File], rest: Callable[[int, Layer], str]
+    ) -> list[str] | None:
+        """Every file's sha256, written into the lay-out (``files``: the walk's ``found``
+        with each stat and blob mode); None if the stream never began (too few files, no
+        helper: the caller hashes them). ``rest(i, layer)`` does a file neither did."""
+        if not self.layer and (len(found) < 2 * STREAM_FROM or self.off):
+            return None
+        self.feed(found, final=True)
+        layer, helper = self.layer, self.helper
+        if layer is None:
+            return None
+        self.layer = self.helper = None  # this call lets go of them from here on
+        shas: list[str | None] = [None] * len(files)
+        ok = False
+        try:
+            claim(files, shas, layer, helper, self.started, lambda i: rest(i, layer))
+            done = [sha for sha in shas if sha is not None]
+            if len(done) != len(files):
+                raise RuntimeError("hashing left files without a digest")
+            ok = True
+        finally:
+            if helper is not None:
+                if ok:
+                    give_back(helper)
+                else:
+                    helper.stop(kill=True)  # before the lay-out is removed under it
+            self.made = layer.made
+            self.done = layer.release(ok)
+        return done
+
+    def abort(self) -> None:
+        """Stop the helper and remove the lay-out (the walk failed); nothing after
+        ``finish``."""
+        helper, layer = self.helper, self.layer
+        self.helper = self.layer = None
+        if helper is not None:
+            helper.stop(kill=True)
+        if layer is not None:
+            layer.release(False)
+
+
+def claim(
+    found: list[File],
     shas: list[str | None],
     layer: Layer,
-    helper: Helper,
+    helper: Helper | None,
     started: int,
     rest: Callable[[int], str],
 ) -> None:
     """Fill ``shas`` for ``found`` (rel, path, stat, blob mode of each file) written into
-    ``layer``: this thread from the front, ``helper`` from the back, then ``rest(i)`` for
-    every file neither did. ``started``: when reading began (``time.time_ns``)."""
+    ``layer``: the helper was sent them from the front, this thread claims from the back,
+    then ``rest(i)`` for every file neither did. ``started``: when reading began."""
     whole = [i for i, f in enumerate(found) if f[2].st_size <= _WHOLE_MAX]
-    jobs = [(i, found[i][1], found[i][0], *_ident(found[i][2]), found[i][3]) for i in whole]
-    try:
-        helper.send(layer.path, jobs[::-1])
-    except OSError:  # gone since it was taken: all here
-        helper.stop()
-        for i in range(len(found)):
+    met = False
+    for i in reversed(whole):
+        rel, path, st, mode = found[i]
+        try:
+            out = _blobs.create_at(layer.root_fd, rel, mode)
+        except FileExistsError:
+            met = True  # the helper's from here on
+            break
+        except OSError:
+            break  # the lay-out cannot take it: ``rest`` says so
+        shas[i] = _claimed(layer, path, st, rel, mode, out, started)
+    answer = None
+    if helper is not None and (met or not all(shas[i] for i in whole)):
+        answer = helper.answer()
+    for index, sha, ino, ctime_ns in answer or ():
+        rel, path, st, _mode = found[index]
+        if shas[index] is None:
+            shas[index] = sha
+            layer.made[rel] = (ino, ctime_ns)
+            _statcache.record(path, st, sha, started)
+    for i, sha_done in enumerate(shas):
+        if sha_done is None:
             shas[i] = rest(i)
-        return
-    ok = False
-    try:
-        met = False
-        for i in whole:
-            rel, path, st, mode = found[i]
-            try:
-                out = _blobs.create_at(layer.root_fd, rel, mode)
-            except FileExistsError:
-                met = True  # the helper's from here on
-                break
-            except OSError:
-                break  # the lay-out cannot take it: ``rest`` says so
-            shas[i] = _claimed(layer, path, st, rel, mode, out, started)
-        answer = helper.answer() if met or not all(shas[i] for i in whole) else []
-        for index, sha, ino, ctime_ns in answer or ():
-            rel, path, st, _mode = found[index]
-            if shas[index] is None:
-                shas[index] = sha
-                layer.made[rel] = (ino, ctime_ns)
-                _statcache.record(path, st, sha, started)
-        for i, sha_done in enumerate(shas):
-            if sha_done is None:
-                shas[i] = rest(i)
-        ok = True
-    finally:
-        if ok:
-            give_back(helper)
-        else:
-            helper.stop(kill=True)  # before the lay-out is removed under it
-
-
-def _ident(st: os.stat_result) -> tuple[int, int, int]:
-    return st.st_dev, st.st_ino, st.st_size
 
 
 def _claimed(

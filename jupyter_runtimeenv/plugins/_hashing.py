@@ -46,9 +46,6 @@ WHOLE_MAX = 8 << 20
 _CHUNK = 1 << 20
 #: Below this many files to read, threads cost more than they give.
 _THREADS_FROM = 32
-#: From this many files a new tree's lay-out is hashed with a helper process (``_hashhelp``):
-#: below, the whole hash is a few ms, less than the helper's first start.
-_HELPER_FROM = 256
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -333,8 +330,11 @@ def _hash_tree(
     if watch is None:
         watch = _watch.watch(root, dirty.event)
     add: Callable[[str], object] | None = watch.add if watch is not None else None
+    stream = None
     if known is None and lay_out is not None and store is not None:
-        add = _warming(add, lambda: len(walk.found))
+        # A new tree read whole into its lay-out: the helper hashes as the walk goes on.
+        stream = _hashhelp.Stream(lay_out.path, blob_mode)
+        add = _streaming(add, stream, lambda: walk.found)
     last = (before.listings, before.kept) if before is not None else None
     walk = Walk(root, limit, field, hint, add, last, changed)
     try:
@@ -350,6 +350,8 @@ def _hash_tree(
             check_list(excludes, "excludes")
             walk.walk("", [matcher("", [*DEFAULT_EXCLUDES, *excludes])], prefix, True)
     except BaseException:
+        if stream is not None:
+            stream.abort()
         if watch is not None:
             watch.close()
         if known is not None:
@@ -383,11 +385,18 @@ def _hash_tree(
             todo.append(item)
     blobs = None if store is None else str(store)
     whole = lay_out if len(todo) == len(found) else None  # every file is read here
+    shas = None
+    if stream is not None:
+        try:
+            if whole is not None and blobs is not None:
+                shas = _streamed(stream, found, walk.stats, blobs, whole)
+        finally:
+            stream.abort()  # (nothing once it finished)
+    if shas is None:
+        shas = _hash_all(todo, walk.stats, blobs, whole)
     new = iter(
         FileEntry(rel, path, blob_mode(st_mode), key[2], sha)
-        for (rel, path, key, st_mode), sha in zip(
-            todo, _hash_all(todo, walk.stats, blobs, whole), strict=True
-        )
+        for (rel, path, key, st_mode), sha in zip(todo, shas, strict=True)
     )
     done = tuple(entry or next(new) for entry in entries)
     tree = Tree(_digest(done), done)
@@ -474,15 +483,8 @@ def _hash_all(
     ]
     todo = [i for i, sha in enumerate(shas) if sha is None]
     layer = None
-    helper = None
     if lay_out is not None and store is not None and len(todo) == len(found) >= _THREADS_FROM:
-        if len(todo) >= _HELPER_FROM:  # a second process: threads share the GIL
-            helper = _hashhelp.take()
-        layer = Layer.make(lay_out.path, [f[0] for f in found], 0 if helper else _threads())
-        if layer is not None and helper is not None:
-            return _hash_split(found, sts, shas, store, lay_out, layer, helper)
-        if helper is not None:
-            _hashhelp.give_back(helper)
+        layer = Layer.make(lay_out.path, [f[0] for f in found], _threads())
 
     def run(indices: Sequence[int]) -> None:
         ok = False
@@ -527,41 +529,41 @@ def _hash_all(
     return done
 
 
-def _warming(
-    add: Callable[[str], object] | None, count: Callable[[], int]
+def _streaming(
+    add: Callable[[str], object] | None,
+    stream: _hashhelp.Stream,
+    found: Callable[[], list[Found]],
 ) -> Callable[[str], object]:
-    """``add`` (called before each directory is listed) that also starts the helper process
-    (``_hashhelp.warm``) once the walk has found half of ``_HELPER_FROM`` files: a new
-    tree that large is likely hashed with it, and its start then overlaps the walk."""
-    warmed = False
+    """``add`` (called before each directory is listed) that first hands the files the walk
+    found so far to the helper (``_hashhelp.Stream.feed``)."""
 
     def before_scan(directory: str) -> object:
-        nonlocal warmed
-        if not warmed and count() >= _HELPER_FROM // 2:
-            warmed = True
-            _hashhelp.warm()
+        stream.feed(found())
         return add(directory) if add is not None else None
 
     return before_scan
 
 
-def _hash_split(
+def _streamed(
+    stream: _hashhelp.Stream,
     found: list[Found],
-    sts: list[os.stat_result],
-    shas: list[str | None],
+    stats: dict[str, os.stat_result],
     store: str,
     lay_out: LayOut,
-    layer: Layer,
-    helper: _hashhelp.Helper,
-) -> list[str]:
-    """``_hash_all`` of a tree read whole into ``layer``, with the helper process."""
-    files = [(f[0], f[1], st, blob_mode(st.st_mode)) for f, st in zip(found, sts, strict=True)]
+) -> list[str] | None:
+    """The sha256 of each file of the new tree ``found`` (each read, none from the stat
+    cache), hashed and written into ``lay_out`` with the helper (``stream``); None if the
+    stream did not begin (the caller hashes the files itself)."""
+    files = [(rel, path, stats[path], blob_mode(st_mode)) for rel, path, _k, st_mode in found]
 
-    def rest(i: int) -> str:
+    def rest(i: int, layer: Layer) -> str:
         rel, path, st, mode = files[i]
         return _hash_one(path, st, store, mode, layer=layer, rel=rel)
 
-    return _hashhelp.hash_into(files, shas, lay_out, layer, helper, rest)
+    shas = stream.finish(found, files, rest)
+    if shas is not None:
+        lay_out.done, lay_out.made = stream.done, stream.made
+    return shas
 
 
 def _threads() -> int:

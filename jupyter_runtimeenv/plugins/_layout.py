@@ -37,6 +37,7 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import _blobs
@@ -78,31 +79,43 @@ class Layer:
         #: links a file only while it is still that (any write, chmod or utime since moves
         #: its ctime; a rename over it, its inode).
         self.made: dict[str, tuple[int, int]] = {}
+        #: The directories made below the root (``add_dirs``).
+        self.dirs: set[str] = set()
         self._users = users
         self._lock = threading.Lock()
 
     @classmethod
     def make(cls, path: str, rels: list[str], threads: int) -> Layer | None:
-        """The lay-out's root and directories for ``threads`` slices and the caller, or None
-        (nothing left) if they cannot be made: it is an optimisation."""
-        dirs: set[str] = set()
-        for rel in rels:
-            parent = os.path.dirname(rel)
-            while parent and parent not in dirs:
-                dirs.add(parent)
-                parent = os.path.dirname(parent)
+        """The lay-out's root and the directories of the files ``rels`` for ``threads``
+        slices and the caller, or None (nothing left) if they cannot be made: it is an
+        optimisation. (More files' directories: ``add_dirs``.)"""
         fd = -1
         try:
             os.mkdir(path)
             fd = os.open(path, _DIR_FLAGS)
-            for rel_dir in sorted(dirs):  # parents first (a prefix sorts first)
-                os.mkdir(rel_dir, dir_fd=fd)
+            layer = cls(path, fd, threads + 1)
+            layer.add_dirs(rels)
         except OSError:
             if fd >= 0:
                 os.close(fd)
             shutil.rmtree(path, ignore_errors=True)
             return None
-        return cls(path, fd, threads + 1)
+        return layer
+
+    def add_dirs(self, rels: Iterable[str]) -> None:
+        """Make the directories the files ``rels`` go in that are not made yet, parents
+        first. ``OSError`` if one cannot be made (the caller fails the lay-out)."""
+        for rel in rels:
+            parent = os.path.dirname(rel)
+            if not parent or parent in self.dirs:
+                continue
+            missing = []
+            while parent and parent not in self.dirs:
+                missing.append(parent)
+                parent = os.path.dirname(parent)
+            for rel_dir in reversed(missing):  # parents first
+                os.mkdir(rel_dir, dir_fd=self.root_fd)
+                self.dirs.add(rel_dir)
 
     def write(self, rel: str, data: bytes, mode: int) -> bool:
         """Write ``data`` (just hashed) as the file ``rel`` with the blob mode ``mode``;

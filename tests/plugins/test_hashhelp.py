@@ -25,7 +25,7 @@ from test_spares import write
 from test_store_later import as_built, tmpfs
 from test_store_later import files_of as built
 
-from jupyter_runtimeenv.errors import CacheUnavailable
+from jupyter_runtimeenv.errors import CacheUnavailable, SpecError
 from jupyter_runtimeenv.plugins import (
     _blobs,
     _hash_child,
@@ -34,6 +34,7 @@ from jupyter_runtimeenv.plugins import (
     _layout,
     _spares,
     _store,
+    _walk,
 )
 from jupyter_runtimeenv.plugins._layout import LayOut
 from jupyter_runtimeenv.spec.files import BadFile
@@ -85,24 +86,26 @@ def fds() -> int:
 def test_a_large_new_tree_is_laid_out_with_the_helper_as_the_threads_lay_it_out(
     tmp_path: Path, cache: Path
 ) -> None:
-    """The helper is given every file (from the back), and the lay-out is the one the threads
-    make of the same tree: bytes, modes (0444, 0555, 0400), blob stamps, the digest; each
-    file's (inode, ctime) as written is recorded for the store step. (Which of the two did
-    which file depends on who got a core first.)"""
+    """The helper is given every file (from the front), in frames sent as the walk finds
+    them (the last one ends the job), and the lay-out is the one the threads make of the
+    same tree: bytes, modes (0444, 0555, 0400), blob stamps, the digest; each file's
+    (inode, ctime) as written is recorded for the store step. (Which of the two did which
+    file depends on who got a core first.)"""
     src = source(tmp_path / "src")
-    jobs: list[list[Any]] = []
+    frames: list[tuple[list[Any], bool]] = []
     real = _hashhelp.Helper.send
 
-    def send(self: _hashhelp.Helper, root: str, files: list[Any]) -> None:
-        jobs.append(files)
-        real(self, root, files)
+    def send(self: _hashhelp.Helper, root: str, files: list[Any], more: bool = False) -> None:
+        frames.append((files, more))
+        real(self, root, files, more)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_hashhelp.Helper, "send", send)  # observed only
         tree, layout = hashed(src, cache, "helper", True)
     assert layout.done
-    (job,) = jobs
-    assert [f[2] for f in job] == [e.rel for e in reversed(tree.entries)]
+    assert len(frames) > 1  # some sent while the walk went on
+    assert [more for _files, more in frames] == [True] * (len(frames) - 1) + [False]
+    assert [f[2] for files, _more in frames for f in files] == [e.rel for e in tree.entries]
     threads, by_threads = hashed(src, cache, "threads", False)
     assert tree == threads
     assert files_of(Path(layout.path)) == files_of(Path(by_threads.path))
@@ -360,32 +363,75 @@ def no_helper() -> None:
 def test_the_walk_of_a_large_new_tree_starts_the_helper_a_small_one_none(
     tmp_path: Path, cache: Path
 ) -> None:
-    """The walk of a new tree starts the helper once it has found half of ``_HELPER_FROM``
-    files (its start overlaps the rest of the walk), and the hash then takes that one; a
-    tree of 40 files starts none."""
+    """The walk of a new tree takes the helper (starting it) once it has found
+    ``STREAM_FROM`` files, before it lists the rest of the tree (the helper's start and its
+    first files overlap the rest of the walk), and only once; a tree of 40 files takes none."""
     src = source(tmp_path / "src")
     small = tmp_path / "small"
     write(small, {f"d{i % 4}/f{i}.txt": str(i) for i in range(40)})
-    calls: list[tuple[str, int]] = []
-    warm, take = _hashhelp.warm, _hashhelp.take
+    listed: list[str] = []
+    taken: list[int] = []
+    take, list_dir = _hashhelp.take, _walk.Walk._list
 
-    def warming() -> None:
-        warm()
-        calls.append(("warm", _hashhelp._idle[0].pid))
+    def listing(self: _walk.Walk, dirpath: str) -> Any:
+        listed.append(dirpath)
+        return list_dir(self, dirpath)
 
     def taking() -> _hashhelp.Helper | None:
-        helper = take()
-        calls.append(("take", helper.pid if helper is not None else 0))
-        return helper
+        taken.append(len(listed))
+        return take()
 
     no_helper()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_hashhelp, "warm", warming)  # observed only
+        mp.setattr(_walk.Walk, "_list", listing)  # observed only
         mp.setattr(_hashhelp, "take", taking)
         _tree, layout = hashed(small, cache, "small", True)
-        assert calls == []
+        assert taken == []
         assert _hashhelp._idle == []
+        listed.clear()
         _tree, layout = hashed(src, cache, "large", True)
     assert layout.done
-    assert [c[0] for c in calls] == ["warm", "take"]
-    assert calls[0][1] == calls[1][1]
+    assert len(taken) == 1
+    assert 0 < taken[0] < len(listed) - 1
+    assert len(_hashhelp._idle) == 1  # given back, for the next tree
+
+
+def test_a_walk_that_fails_after_the_helper_began_leaves_nothing(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A tree found over its limit after the walk began handing files to the helper: the
+    ``SpecError`` as before, the helper stopped (it may have been writing), the lay-out
+    removed, no descriptor left; the next tree hashes whole with a new helper."""
+    src = tmp_path / "src"
+    write(src, {f"d{i % 20:02d}/f{i}.bin": "x" * 1000 for i in range(400)})
+    no_helper()
+    before = fds()
+    layout = LayOut(str(cache / "tmp" / "over"))
+    taken: list[_hashhelp.Helper] = []
+    take = _hashhelp.take
+
+    def taking() -> _hashhelp.Helper | None:
+        helper = take()
+        if helper is not None:
+            taken.append(helper)
+        return helper
+
+    _hashing.forget_stat_cache()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hashhelp, "take", taking)
+        with pytest.raises(SpecError, match="over the limit"):
+            _hashing.hash_tree(
+                src,
+                store=_store.blob_dir(cache),
+                lay_out=layout,
+                limit=300_000,
+                field="working_dir",
+            )
+    (helper,) = taken
+    assert not running(helper.pid)
+    assert not layout.done
+    assert not os.path.exists(layout.path)
+    assert fds() <= before
+    tree, layout = hashed(src, cache, "whole", True)
+    assert layout.done
+    assert len(tree.entries) == 400
