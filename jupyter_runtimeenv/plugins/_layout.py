@@ -106,13 +106,13 @@ class Layer:
         """Make the directories the files ``rels`` go in that are not made yet, parents
         first. ``OSError`` if one cannot be made (the caller fails the lay-out)."""
         for rel in rels:
-            parent = os.path.dirname(rel)
+            parent = rel.rpartition("/")[0]
             if not parent or parent in self.dirs:
                 continue
             missing = []
             while parent and parent not in self.dirs:
                 missing.append(parent)
-                parent = os.path.dirname(parent)
+                parent = parent.rpartition("/")[0]
             for rel_dir in reversed(missing):  # parents first
                 os.mkdir(rel_dir, dir_fd=self.root_fd)
                 self.dirs.add(rel_dir)

@@ -177,15 +177,20 @@ class Walk:
                     self.add(item)
             return
         kept = self.kept[dirpath] = []
+        # Per file: no pattern that can match a file (the default excludes are directories
+        # only) means no ``ignored`` call; the path is joined here (~2 of the walk's ~7 us a
+        # file went to these two, 1,000 files on tmpfs).
+        files_too = any(m[2] for m in matchers)
+        head = dirpath if dirpath.endswith(os.sep) else dirpath + os.sep
         for name, is_dir, is_link in children:
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if ignored(rel, is_dir, matchers):
+            if (is_dir or files_too) and ignored(rel, is_dir, matchers):
                 continue
             if is_dir:
                 kept.append(rel)
                 self.walk(rel, matchers, prefix, same)
                 continue
-            path = os.path.join(dirpath, name)
+            path = head + name
             try:
                 st = os.stat(path)
             except OSError:
