@@ -83,51 +83,55 @@ class Resources:
     async def _create(self, job: ResourceJob) -> tuple[Path, bool]:
         spec, name, uri = job.spec, job.name, job.uri
         cache = self._cache()
-        found = await asyncio.to_thread(cache.lookup, uri)
+        lock = cache.lock_for(uri)
+        # Found, or ours to create (its lock taken, a tmp made): one trip to a thread where
+        # the lock is free, as it nearly always is (four trips before: each a wake-up of a
+        # pool thread and of the loop, 0.1-0.5 ms apiece on a new env's path).
+        found, tmp = await _claim(cache, uri, lock)
         if found is not None:
             return found, True
-        lock = cache.lock_for(uri)
-        await _acquire(lock)
+        if tmp is None:  # another process holds the lock (it may be creating it): wait
+            path, cached = await _claim_waiting(cache, uri, lock)
+            if cached:
+                return path, True
+            tmp = path
+        build = ResourceBuild(
+            env_id=spec.env_id,
+            spec=spec,
+            uri=uri,
+            step=name,
+            target=tmp,
+            cache_root=cache.root,
+            log=job.log,
+            limiter=self._limiter,
+            resource_path=lambda u: cache.resource_path(name, u),
+            groups=cache,
+        )
+        handed = False  # to the thread that commits, which then cleans up whatever happens
         try:
-            found = await asyncio.to_thread(cache.lookup, uri)  # built by another process meanwhile
-            if found is not None:
-                return found, True
-            tmp = await asyncio.to_thread(cache.new_tmp)
-            build = ResourceBuild(
-                env_id=spec.env_id,
-                spec=spec,
-                uri=uri,
-                step=name,
-                target=tmp,
-                cache_root=cache.root,
-                log=job.log,
-                limiter=self._limiter,
-                resource_path=lambda u: cache.resource_path(name, u),
-                groups=cache,
+            size = await call_maybe_sync(
+                job.plugin.create, uri, job.value, build, to_thread=asyncio.to_thread
             )
-            try:
-                size = await call_maybe_sync(
-                    job.plugin.create, uri, job.value, build, to_thread=asyncio.to_thread
-                )
-                path = await asyncio.to_thread(cache.commit, name, uri, tmp, int(size or 0))
-                self.commits += 1
-                return path, False
-            except BuildError as exc:
-                exc.step = exc.step or name
-                exc.output_tail = exc.output_tail or list(build.tail)
-                raise
-            except Exception as exc:
-                raise BuildError(
-                    f"{type(exc).__name__}: {exc}",
-                    env_id=spec.env_id,
-                    step=name,
-                    output_tail=list(build.tail),
-                ) from exc
-            finally:
-                # Whatever happened, nothing half-built stays (commit renamed tmp away on success).
-                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+            handed = True
+            path = await asyncio.shield(
+                asyncio.to_thread(_commit, cache, name, uri, tmp, int(size or 0), lock)
+            )
+            self.commits += 1
+            return path, False
+        except BuildError as exc:
+            exc.step = exc.step or name
+            exc.output_tail = exc.output_tail or list(build.tail)
+            raise
+        except Exception as exc:
+            raise BuildError(
+                f"{type(exc).__name__}: {exc}",
+                env_id=spec.env_id,
+                step=name,
+                output_tail=list(build.tail),
+            ) from exc
         finally:
-            await asyncio.shield(asyncio.to_thread(lock.release))
+            if not handed:  # nothing half-built stays, and the lock goes
+                await asyncio.shield(asyncio.to_thread(_drop, tmp, lock))
 
     async def evict(self, uri: str) -> list[str] | None:
         """Delete an unreferenced resource; the env ids that used it, or None if it was not
@@ -164,6 +168,77 @@ class Resources:
             with contextlib.suppress(PluginNotFound):
                 plugin = self._registry.by_path(name)
         return plugin
+
+
+async def _claim(
+    cache: Cache, uri: str, lock: filelock.FileLock
+) -> tuple[Path | None, Path | None]:
+    """``_try_claim`` in a thread; cancelled meanwhile, what it took is given back."""
+    claim = asyncio.ensure_future(asyncio.to_thread(_try_claim, cache, uri, lock))
+    try:
+        return await asyncio.shield(claim)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):  # failed: it took nothing
+            _found, tmp = await claim
+            if tmp is not None:
+                await asyncio.to_thread(_drop, tmp, lock)
+        raise
+
+
+async def _claim_waiting(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path, bool]:
+    """Wait for ``lock`` (another process holds it), then ``(path, True)`` if the resource
+    was made meanwhile (the lock released again), else ``(tmp, False)``, the lock kept."""
+    await _acquire(lock)
+    try:
+        found = await asyncio.to_thread(cache.lookup, uri)
+        if found is None:
+            return await asyncio.to_thread(cache.new_tmp), False
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(lock.release))
+        raise
+    await asyncio.shield(asyncio.to_thread(lock.release))
+    return found, True
+
+
+def _try_claim(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path | None, Path | None]:
+    """``(path, None)`` if the resource is in the cache; ``(None, tmp)``, ``lock`` taken and
+    ``tmp`` an empty directory, if it is ours to create; ``(None, None)`` if another process
+    holds the lock. Blocking (a thread)."""
+    found = cache.lookup(uri)
+    if found is not None:
+        return found, None
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return None, None
+    try:
+        found = cache.lookup(uri)  # created by another process before we took the lock
+        if found is not None:
+            lock.release()
+            return found, None
+        return None, cache.new_tmp()
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _commit(
+    cache: Cache, plugin: str, uri: str, tmp: Path, size: int, lock: filelock.FileLock
+) -> Path:
+    """Move the built ``tmp`` into place and record it, then drop what is left and the
+    lock, whatever happened. Blocking (a thread)."""
+    try:
+        return cache.commit(plugin, uri, tmp, size)
+    finally:
+        _drop(tmp, lock)
+
+
+def _drop(tmp: Path, lock: filelock.FileLock) -> None:
+    """Remove ``tmp`` (if the commit did not rename it away) and release ``lock``."""
+    try:
+        shutil.rmtree(tmp, True)
+    finally:
+        lock.release()
 
 
 async def _acquire(lock: filelock.FileLock) -> None:

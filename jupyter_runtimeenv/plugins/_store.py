@@ -141,8 +141,8 @@ def materialize(tree: Tree, cache_root: Path, target: Path) -> int:
 def by_dir(entries: Iterable[FileEntry]) -> dict[str, list[FileEntry]]:
     """``entries`` grouped by the directory (relative) that holds them."""
     grouped: dict[str, list[FileEntry]] = {}
-    for entry in entries:
-        grouped.setdefault(os.path.dirname(entry.rel), []).append(entry)
+    for entry in entries:  # ``rel`` is "/"-separated and normalised (see ``Tree.dirs``)
+        grouped.setdefault(entry.rel.rpartition("/")[0], []).append(entry)
     return grouped
 
 
