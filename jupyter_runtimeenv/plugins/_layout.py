@@ -37,7 +37,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import _blobs
@@ -186,7 +186,8 @@ class _Step:
     it, and its removal makes the step find nothing (and store nothing)."""
 
     store: str
-    files: list[StoreFile]
+    #: The files, made when the step runs (``defer_store``).
+    files: Callable[[], list[StoreFile]]
     dir_fd: int
     root: str
     busy: bool = False
@@ -197,10 +198,12 @@ _changed = threading.Condition(_lock)
 _steps: list[_Step] = []
 
 
-def defer_store(store: str, files: list[StoreFile], root: str) -> None:
+def defer_store(store: str, files: Callable[[], list[StoreFile]], root: str) -> None:
     """Link the files of the tree at ``root`` (written by a ``Layer``, renamed into an
     env's target) into the blob directory ``store`` later: on the spares' thread after the
-    env is ready, or in the first ``settle`` of that store. Nothing if ``root`` is gone."""
+    env is ready, or in the first ``settle`` of that store. Nothing if ``root`` is gone.
+    ``files`` makes their list then (a build's lay-out is on its env's path; the list of
+    1,000 files with their blob names was ~0.5 of its ~1.2 ms)."""
     try:
         dir_fd = os.open(root, _DIR_FLAGS)
     except OSError:
@@ -253,8 +256,9 @@ def _store_tree(step: _Step) -> None:
     except FileNotFoundError:
         os.makedirs(step.store, exist_ok=True)
         store_fd = os.open(step.store, _DIR_FLAGS)
+    files = step.files()
     try:
-        for i, (rel, name, size, mode, made) in enumerate(step.files):
+        for i, (rel, name, size, mode, made) in enumerate(files):
             try:
                 _link_in(step.dir_fd, rel, store_fd, name, size, mode, made)
             except OSError as exc:
@@ -265,8 +269,8 @@ def _store_tree(step: _Step) -> None:
                         " what it lacks then",
                         step.store,
                         errno.errorcode.get(exc.errno or 0, exc.errno),
-                        len(step.files) - i,
-                        len(step.files),
+                        len(files) - i,
+                        len(files),
                         step.root,
                     )
                     return

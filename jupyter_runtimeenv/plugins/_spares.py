@@ -50,7 +50,7 @@ from pathlib import Path
 from .._cpuload import cpu_waits, cpus, runnable
 from ._blobs import BLOB_MTIME_NS, relative
 from ._hashing import Tree
-from ._layout import LayOut, defer_store, settle
+from ._layout import LayOut, StoreFile, defer_store, settle
 from ._store import blob_dir, by_dir, detach_hooks, materialize, open_dir, place
 
 __all__ = ["DEFER_S", "MAX_SPARES", "adopt", "drop", "lay_out", "new_layout", "spares"]
@@ -116,11 +116,15 @@ def lay_out(tree: Tree, cache_root: Path, target: Path, family: str) -> int:
             # The files written at parse are now the env's: into the store after the env
             # is ready (the spares' thread, before the next spare's links need them).
             made = spare.made or {}
-            files = [
-                (e.rel, e.blob_name, e.size, e.mode, made[e.rel])
-                for e in tree.entries
-                if e.rel in made  # (a file it changed was linked from the store)
-            ]
+            entries = tree.entries
+
+            def files() -> list[StoreFile]:
+                return [
+                    (e.rel, e.blob_name, e.size, e.mode, made[e.rel])
+                    for e in entries
+                    if e.rel in made  # (a file it changed was linked from the store)
+                ]
+
             defer_store(store, files, str(target))
     if stored is None:
         stored = materialize(tree, cache_root, target)
