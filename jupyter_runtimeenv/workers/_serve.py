@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 #: Most functions a worker keeps unpickled; the driver mirrors this (FUNC names what to drop).
 FUNCTION_CACHE_SIZE = 256
+_DONTWAIT = int(_socket.MSG_DONTWAIT)
 _INSTALLED = os.sep + "site-packages" + os.sep
 _DIST = os.sep + "dist-packages" + os.sep
 #: A worker stops preloading learned modules after this long and takes calls.
@@ -136,6 +137,10 @@ class Worker:
         self.arguments: Any = None  # shm.Mappings of the driver's segments, when first needed
         self.results: Any = None  # shm.Arena for large results, when first needed
         self.shown: set[int] = set()  # result segments the driver has mapped
+        #: Large buffers of the result being pickled, and the callback that collects them
+        #: (made once: not a closure per call).
+        self._oob: list[memoryview] = []
+        self._collect = self._collector(self._oob)
         self.modules: set[str] = set(sys.modules)
         self.module_count = len(sys.modules)
         self.stdlib = os.path.dirname(os.__file__) + os.sep
@@ -183,11 +188,12 @@ class Worker:
                 continue
             task_id = pending[0][0]
             P.STATUS.pack_into(status, 0, task_id)
-            try:  # noqa: SIM105 - a CANCEL that came while the previous call ran
-                reader.pump(_socket.MSG_DONTWAIT)
+            try:  # a CANCEL that came while the previous call ran
+                reader.pump(_DONTWAIT)
             except BlockingIOError:
                 pass
-            self.absorb()
+            else:
+                self.absorb()
             self.pending_ids.discard(task_id)
             if task_id in self.cancelled:
                 self.cancelled.discard(task_id)
@@ -289,8 +295,9 @@ class Worker:
             fds = [fd]
         out = self._notices()
         head = P.RETURN_HEAD.pack(task_id, duration, len(result_spans))
-        spans_bytes = b"".join(P.SPAN.pack(*s) for s in result_spans)
-        out += P.frame(P.RETURN, head + spans_bytes, data)
+        if result_spans:
+            head += b"".join(P.SPAN.pack(*s) for s in result_spans)
+        out += P.frame(P.RETURN, head, data)
         return out, fds
 
     def _failure(self, phase: str, exc: BaseException, skip: int, task_id: int) -> bytes:
@@ -304,8 +311,9 @@ class Worker:
     def dump_result(
         self, task_id: int, value: Any, shared: int
     ) -> tuple[bytes, list[tuple[int, int, int]], int | None]:
-        oob: list[memoryview] = []
-        data = _pickle(value, self._collector(oob) if shared else None, oob)
+        oob = self._oob
+        oob.clear()  # a result that could not be pickled may have left buffers in it
+        data = _pickle(value, self._collect if shared else None, oob)
         if not oob:
             return data, [], None
         if self.results is None:

@@ -26,7 +26,7 @@ from ..errors import BrokenWorker, WorkerError, WorkerSetupError
 from . import protocol
 from ._serve import PRELOAD_SECONDS
 from .channel import Channel
-from .future import Task
+from .future import SETTLED, Task
 from .output import OutputTarget, StreamForwarder
 
 _ANSWERS = frozenset((protocol.RETURN, protocol.RAISE, protocol.SKIP))
@@ -35,6 +35,7 @@ _ANSWERS = frozenset((protocol.RETURN, protocol.RAISE, protocol.SKIP))
 #: longer call's output waits for the reader at most this long.
 ANSWER_WINDOW = 0.005
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_DONTWAIT = int(socket.MSG_DONTWAIT)  # an int, not the enum member: converted at each read
 _TAIL_BYTES = 4096
 
 
@@ -151,21 +152,25 @@ class Answers:
                 waiter.register(fd, select.POLLIN)
         future = task.future
         end = time.perf_counter() + window
-        while not future.done():
+        # The future's state, read without its lock (a stale PENDING costs one more poll).
+        while future._state not in SETTLED:
             events = self._poll(waiter, end)
             if not events:
                 return
-            if any(mask & _HANGUP for _fd, mask in events):
-                return  # it died or closed a stream: the reader thread sees to it
+            answered = False
+            for fd, mask in events:  # a loop, not any(): this is on every round trip
+                if mask & _HANGUP:
+                    return  # it died or closed a stream: the reader thread sees to it
+                if fd == sock_fd:
+                    answered = True
             owed = list(self.held)
-            answered = any(fd == sock_fd for fd, _mask in events)
             try:
                 if len(events) > answered:  # output before the answer: shown first
                     self._drain(self.task.output if self.task is not None else self._last)
                 if not answered:
                     continue
                 try:
-                    alive = channel.reader.pump(socket.MSG_DONTWAIT)
+                    alive = channel.reader.pump(_DONTWAIT)
                 except (BlockingIOError, ConnectionResetError):
                     return
                 if not alive:

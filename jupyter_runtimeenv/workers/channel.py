@@ -119,8 +119,9 @@ class Channel:
                 with self._lent_lock:
                     self.lent[segment.id] = call
             head = protocol.CALL_HEAD.pack(call.task_id, call.key, flags, len(call.spans))
-            spans = b"".join(protocol.SPAN.pack(*span) for span in call.spans)
-            frame = protocol.frame(protocol.CALL, head + spans, call.body)
+            if call.spans:
+                head += b"".join(protocol.SPAN.pack(*span) for span in call.spans)
+            frame = protocol.frame(protocol.CALL, head, call.body)
             if fds:
                 if current:
                     packets.append((current, []))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import _thread
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -86,6 +85,8 @@ def _unlock_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_unlock_after_fork)
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+#: A future's states once done, for a look at ``_state`` without its lock (``answers``).
+SETTLED = frozenset(_DONE)
 _NO_CALLBACKS: list[Any] = []  # never appended to: replaced by a list of its own first
 
 
@@ -258,14 +259,18 @@ class RemoteFuture(Future[T]):
 
     def settle_result(self, value: Any) -> None:
         self._finish()
-        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: the canceller won
+        try:  # noqa: SIM105 - contextlib.suppress costs ~1.5 us of a ~90 us round trip
             self.set_result(value)
+        except InvalidStateError:  # cancelled meanwhile: the canceller won
+            pass
         self._let_go()
 
     def settle_exception(self, error: BaseException) -> None:
         self._finish()
-        with contextlib.suppress(InvalidStateError):
+        try:  # noqa: SIM105 - as settle_result
             self.set_exception(error)
+        except InvalidStateError:
+            pass
         self._let_go()
 
     def _let_go(self) -> None:

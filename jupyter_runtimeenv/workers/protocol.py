@@ -207,11 +207,10 @@ class ProtocolError(Exception):
 
 def frame(kind: int, *parts: Buffer) -> list[Buffer]:
     """One frame as buffers for ``send``: small ones joined, large ones left uncopied."""
-    length = sum(len(p) for p in parts)
-    header = HEADER.pack(kind, length)
+    length = sum(map(len, parts))
     if length < _SMALL:
-        return [header + b"".join(parts)]
-    return [header, *parts]
+        return [HEADER.pack(kind, length) + b"".join(parts)]
+    return [HEADER.pack(kind, length), *parts]
 
 
 def send(sock: _socket.socket, buffers: Sequence[Buffer], fds: Sequence[int] = ()) -> None:

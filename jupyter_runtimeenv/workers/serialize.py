@@ -323,6 +323,8 @@ def split_return(payload: bytes | bytearray) -> tuple[int, int, list[tuple[int, 
     offset = protocol.RETURN_HEAD.size
     if len(payload) < offset + count * protocol.SPAN.size:
         raise protocol.ProtocolError(f"RETURN names {count} buffers it does not describe")
+    if not count:  # the common case: no list comprehension (its frame) on every answer
+        return task_id, duration, [], offset
     spans = [
         protocol.SPAN.unpack_from(payload, offset + i * protocol.SPAN.size) for i in range(count)
     ]
