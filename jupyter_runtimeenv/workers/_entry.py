@@ -339,6 +339,7 @@ def zygote(args: dict[str, int]) -> None:
         import cloudpickle  # noqa: F401 (the point of a template: its forks have it)
     except Exception:
         pass  # as in a worker: the first call that needs it reports the error
+    _modules()[2].remember_modules()  # what its forks start with (``_serve``)
     template = _load_by_path("_jupyter_runtimeenv_zygote", os.path.join(_HERE, "_zygote.py"))
     template.serve(args["fd"], args.get("lifeline"), args.get("parent", 0), PDEATH_OFFSET)
 

@@ -44,6 +44,17 @@ _INSTALLED = os.sep + "site-packages" + os.sep
 _DIST = os.sep + "dist-packages" + os.sep
 #: A worker stops preloading learned modules after this long and takes calls.
 PRELOAD_SECONDS = 60.0
+#: The modules a template had imported when it began to fork (``remember_modules``): its
+#: forks start with them, and a forked worker knows them from here instead of a copy of
+#: ``sys.modules`` (whose ~100 keys' reference counts were ~90 copy-on-write faults of
+#: the template's pages, ~0.3 ms of each fork's start on a VM).
+_template_modules: frozenset[str] = frozenset()
+
+
+def remember_modules() -> None:
+    """In a template, before its first fork: the modules every fork of it starts with."""
+    global _template_modules
+    _template_modules = frozenset(sys.modules)
 
 
 def cloudpickle_dumps(obj: object, protocol: int | None = None, **kwargs: Any) -> bytes:
@@ -141,7 +152,12 @@ class Worker:
         #: (made once: not a closure per call).
         self._oob: list[memoryview] = []
         self._collect = self._collector(self._oob)
-        self.modules: set[str] = set(sys.modules)
+        #: Modules known (not new to report): the template's and ``modules``. A fork that
+        #: has imported nothing since its template is not looked through (iterating
+        #: ``sys.modules`` writes each key's reference count: the faults above).
+        self.known = _template_modules
+        same = len(sys.modules) == len(self.known)
+        self.modules: set[str] = set() if same else set(sys.modules).difference(self.known)
         self.module_count = len(sys.modules)
         self.stdlib = os.path.dirname(os.__file__) + os.sep
         os.register_at_fork(after_in_child=self._forked)
@@ -371,7 +387,8 @@ class Worker:
         """Modules imported since the last call that a new worker may import up front: from
         installed packages or the standard library, not the user's own code."""
         modules = sys.modules
-        new = [name for name in list(modules) if name not in self.modules]
+        known = self.known
+        new = [name for name in list(modules) if name not in self.modules and name not in known]
         self.modules.update(new)
         self.module_count = len(modules)
         out = []
