@@ -342,10 +342,11 @@ def _hash_tree(
         watch = _watch.watch(root, dirty.event)
     add: Callable[[str], object] | None = watch.add if watch is not None else None
     stream = None
+    checked = [0]  # how many of the walk's files the stream looked up in the stat cache
     if known is None and lay_out is not None and store is not None:
         # A new tree read whole into its lay-out: the helper hashes as the walk goes on.
         stream = _hashhelp.Stream(lay_out.path, blob_mode)
-        add = _streaming(add, stream, lambda: walk.found)
+        add = _streaming(add, stream, lambda: walk.found, checked)
     last = (before.listings, before.kept) if before is not None else None
     walk = Walk(root, limit, field, hint, add, last, changed)
     try:
@@ -399,7 +400,9 @@ def _hash_tree(
     shas = None
     if stream is not None:
         try:
-            if whole is not None and blobs is not None:
+            # A file the stat cache knows (the tree with other excludes, a memo evicted):
+            # not a new tree after all; the threads read only what it does not know.
+            if whole is not None and blobs is not None and not _known(found, checked[0]):
                 shas = _streamed(stream, found, walk.stats, blobs, whole)
         finally:
             stream.abort()  # (nothing once it finished)
@@ -544,15 +547,30 @@ def _streaming(
     add: Callable[[str], object] | None,
     stream: _hashhelp.Stream,
     found: Callable[[], list[Found]],
+    checked: list[int],
 ) -> Callable[[str], object]:
     """``add`` (called before each directory is listed) that first hands the files the walk
-    found so far to the helper (``_hashhelp.Stream.feed``)."""
+    found so far to the helper (``_hashhelp.Stream.feed``); ``checked[0]``: how many of them
+    were looked up in the stat cache. The first file it knows ends the stream (``_known``)."""
 
     def before_scan(directory: str) -> object:
-        stream.feed(found())
+        if not stream.off:
+            files = found()
+            if _known(files, checked[0]):
+                stream.abort()
+                stream.off = True
+            else:
+                checked[0] = len(files)
+                stream.feed(files)
         return add(directory) if add is not None else None
 
     return before_scan
+
+
+def _known(found: list[Found], start: int) -> bool:
+    """Whether the stat cache knows a file of ``found[start:]`` as it is now: the tree is
+    not new to this process, and a stream would read again what it need not read."""
+    return any(_statcache.known(path, key) for _rel, path, key, _mode in found[start:])
 
 
 def _streamed(

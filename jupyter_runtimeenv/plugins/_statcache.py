@@ -21,7 +21,7 @@ _MAX = 500_000
 
 Key = tuple[int, int, int, int, int]
 
-__all__ = ["RACY_NS", "Key", "forget", "key_of", "lookup", "record"]
+__all__ = ["RACY_NS", "Key", "forget", "key_of", "known", "lookup", "record"]
 
 _entries: dict[str, tuple[Key, str]] = {}
 _lock = threading.Lock()
@@ -37,6 +37,12 @@ def lookup(path: str, st: os.stat_result) -> str | None:
     if hit is not None and hit[0] == key_of(st):
         return hit[1]
     return None
+
+
+def known(path: str, key: Key) -> bool:
+    """Whether a sha256 is recorded for ``path`` with the stat key ``key`` (``key_of``)."""
+    hit = _entries.get(path)
+    return hit is not None and hit[0] == key
 
 
 def record(path: str, st: os.stat_result, sha256: str, read_at_ns: int) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -33,6 +34,7 @@ from jupyter_runtimeenv.plugins import (
     _hashing,
     _layout,
     _spares,
+    _statcache,
     _store,
     _walk,
 )
@@ -453,3 +455,50 @@ def test_the_helper_program_imports_only_what_it_uses() -> None:
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert {"hashlib", "marshal", "select", "struct"} <= imported
     assert not imported & {"contextlib", "collections", "functools", "typing"}
+
+
+@pytest.mark.parametrize("layout_kind", ["dirs", "flat"])
+def test_a_tree_the_stat_cache_knows_is_not_read_again(
+    tmp_path: Path, cache: Path, layout_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same files walked with other excludes (a memo this process does not have, a stat
+    cache that knows every file): no helper and no lay-out; nothing is read again. Both the
+    stream begun during the walk (files in many directories) and the one begun after it (all
+    in one directory) are checked."""
+    if layout_kind == "dirs":
+        src = source(tmp_path / "src")
+    else:
+        src = tmp_path / "src"
+        write(src, {f"f{i}.txt": f"flat {i}\n" * (i % 50) for i in range(FILES)})
+    monkeypatch.setattr(_statcache, "RACY_NS", 0)  # files just written are remembered too
+    first, layout = hashed(src, cache, "first", True)
+    assert layout.done
+    _spares.drop(str(_store.blob_dir(cache)))
+    shutil.rmtree(layout.path, ignore_errors=True)
+    taken: list[int] = []
+    take = _hashhelp.take
+
+    def taking() -> _hashhelp.Helper | None:
+        taken.append(1)
+        return take()
+
+    reads: list[str] = []
+    hash_one = _hashing._hash_one
+
+    def reading(path: str, *args: Any, **kwargs: Any) -> str:
+        reads.append(path)
+        return hash_one(path, *args, **kwargs)
+
+    again = LayOut(str(cache / "tmp" / "again"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hashhelp, "take", taking)
+        mp.setattr(_hashing, "_hash_one", reading)
+        mp.setenv(_hashhelp.ENV_VAR, "1")
+        tree = _hashing.hash_tree(
+            src, ["nothing-matches-this"], store=_store.blob_dir(cache), lay_out=again
+        )
+    assert tree.digest == first.digest
+    assert taken == []
+    assert reads == []
+    assert not again.done
+    assert not os.path.exists(again.path)
