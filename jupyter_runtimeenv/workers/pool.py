@@ -41,6 +41,7 @@ from typing import Any
 
 from ..context import EnvContext
 from ..errors import WorkerError
+from . import threads
 from .channel import shared_arena
 from .dispatch import Dispatch, log
 from .future import Task
@@ -97,9 +98,7 @@ class Pool(Dispatch):
         _live_pools.add(self)
         _register_atexit()
         notify()  # a new pool is a change the kernel's report shows
-        threading.Thread(
-            target=self._acquire, args=(acquire,), name=f"{name}-acquire", daemon=True
-        ).start()
+        threads.run(lambda: self._acquire(acquire), f"{name}-acquire", wait=True)
 
     def __repr__(self) -> str:
         return f"<Pool {self.name} {self.state.value} workers={len(self._workers)}>"

@@ -53,7 +53,7 @@ import cloudpickle
 from .._cpuload import Gauge
 from ..context import EnvContext, compose, process_env
 from ..errors import BrokenWorker, WorkerError
-from . import lifeline, protocol, stops, zygote
+from . import lifeline, protocol, stops, threads, zygote
 from ._entry import ORPHANED, STDIO_BROKEN
 from .answers import Answers, WorkerListener
 from .channel import Channel, prepare_socket
@@ -99,7 +99,8 @@ class WorkerProcess(Answers):
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        #: The reader thread's job (``threads.run``), once started.
+        self._thread: threads.Job | None = None
         self._startup_tail = b""
         #: A pidfd of the process (Linux): readable once it exits. Reader thread's.
         self._exit_fd: int | None = None
@@ -147,8 +148,8 @@ class WorkerProcess(Answers):
             if self._stopping:
                 return
             self._launch()
-            if self._thread is not None:
-                self._thread.start()
+            if self.proc is not None:
+                self._thread = threads.run(self._run, f"jupyter-runtimeenv-worker-{self.pid}")
 
     def _launch(self) -> None:
         env = process_env(self.ctx)
@@ -192,9 +193,6 @@ class WorkerProcess(Answers):
         self._exit_fd = lifeline.exit_fd(self.pid)
         self._sock = ours
         self.channel = Channel(ours, self.pid)
-        self._thread = threading.Thread(
-            target=self._run, name=f"jupyter-runtimeenv-worker-{self.pid}", daemon=True
-        )
 
     def flush(self) -> None:
         """Send the calls waiting in ``outbox``, in order. A failure means the worker is
@@ -262,7 +260,7 @@ class WorkerProcess(Answers):
         """Wait for the worker to end and its reader thread to report it (it reaps the
         worker and kills its group); kill it after ``timeout``."""
         thread = self._thread
-        if thread is None or thread is threading.current_thread():
+        if thread is None or thread.is_current():
             return
         thread.join(timeout)
         if thread.is_alive():
