@@ -144,7 +144,8 @@ class Channel:
         """FREE of the worker's result segments the driver let go; DROP of the driver's
         segments the arena truncated that this worker had mapped."""
         out: list[Any] = []
-        freed = self.results.take_freed()
+        # Looked at without the lock first (one freed meanwhile goes with the next call).
+        freed = self.results.take_freed() if self.results.freed else None
         if freed:
             out += protocol.frame(protocol.FREE, b"".join(map(protocol.SEGMENT.pack, freed)))
         if self._segments and _arena is not None:

@@ -252,7 +252,7 @@ class Dispatch(Affinity):
                 break
             queue.popleft()
             self._assign(worker, task)
-        if not held and (task := self._take(None)) is not None:
+        if not held and queue and (task := self._take(None)) is not None:
             if task.affinity is not None:  # a key no worker is kept for: this one is now
                 self._bind(task.affinity, worker)
             self._assign(worker, task)

@@ -139,6 +139,8 @@ class LocalExecutor(Executor):
         self._current: dict[str, tuple[str, tuple[str, ...] | None]] = {}
         self._holders = itertools.count(1)
         self._shut = False
+        #: The spec, driver paths and pool of the last ``_pool_for`` (see there).
+        self._recent: tuple[RuntimeEnvSpec, tuple[str, ...] | None, Pool] | None = None
         # Dropping the executor without shutdown() must not leave its workers behind.
         self._finalizer = weakref.finalize(self, _close_pools, self._pools)
 
@@ -211,12 +213,24 @@ class LocalExecutor(Executor):
         # gives a new env for this call, and the pool of the code before it drains.
         spec = refresh(declared)
         paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
+        # The last call's pool, if this one has the very same spec and path objects (both
+        # are returned unchanged when nothing changed): no key to hash, no lock to take.
+        recent = self._recent
+        if (
+            recent is not None
+            and recent[0] is spec
+            and recent[1] is paths
+            and not recent[2].closed
+            and not self._shut
+        ):
+            return recent[2]
         key = (spec.env_id, paths)
         with self._lock:
             if self._shut:
                 raise RuntimeError("this executor was shut down")
             pool = self._pools.get(key)
             if pool is not None and not pool.closed:
+                self._recent = (spec, paths, pool)
                 return pool
             superseded = self._pools.get(self._current.get(declared.env_id, key))
             if superseded is pool:
@@ -224,6 +238,7 @@ class LocalExecutor(Executor):
             resolved = resolve_for_driver(spec, paths)
             pool = self._new_pool(resolved)
             self._pools[key] = pool
+            self._recent = (spec, paths, pool)
             self._current[declared.env_id] = key
             for stale in [k for k, p in self._pools.items() if p.closed and k != key]:
                 del self._pools[stale]

@@ -218,3 +218,16 @@ def test_remote_traceback_of_a_notebook_function_shows_its_cell(
     assert "    raise KeyError(f'no {y}')" in text
     assert "<dynamic-code>" not in text
     assert isinstance(info.value, KeyError)
+
+
+def test_a_call_after_its_pool_closed_gets_a_new_pool(agent_executor: LocalExecutor) -> None:
+    """The executor remembers the last call's pool (same spec and path objects: no lookup);
+    a pool closed meanwhile is not taken from that memory."""
+    f = jre.remote(os.getpid).options(runtime_env={"env_vars": {"WHO": "memo"}})
+    first = jre.get(f.remote())
+    assert jre.get(f.remote()) == first  # the same spec object: the remembered pool
+    (pool,) = [p for p in agent_executor.pools if not p.closed]
+    pool.close()
+    second = jre.get(f.remote(), timeout=60)
+    assert second != first
+    assert [p for p in agent_executor.pools if not p.closed] != [pool]
