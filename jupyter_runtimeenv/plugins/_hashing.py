@@ -7,10 +7,11 @@ manifest. Everything here blocks; nothing here may run on an event loop.
 A tree's digest covers each kept file's relative path, mode class and content, after the
 default excludes, the spec's ``excludes`` and every ``.gitignore`` in the tree. The walk
 only stats (and counts bytes against the caller's limit, stopping there); then the files
-the stat cache (``_statcache``) does not know are read once each — hashed, and with a
-``store``, written into the content store from the same bytes — large files in chunks, many
-files on threads (a new tree of many files read into its lay-out: on this thread and a helper
-process, ``_hashhelp``, as threads of one process serialise on the GIL there). An unchanged
+the stat cache (``_statcache``) does not know are read once each (``_readonce``) — hashed,
+and with a ``store``, written into the content store from the same bytes — large files in
+chunks, many files on threads (a new tree of many files read into its lay-out: on this thread
+and a helper process, ``_hashhelp``, as threads of one process serialise on the GIL there),
+the walk handing its files to the helper as it finds them (a stream). An unchanged
 tree costs one ``stat`` per file and no read; with an inotify watch (``_watch``) it costs
 nothing, and after events only the directories they name are listed again and only the
 files they name are read again: one changed file in a tree of a thousand costs its
@@ -20,7 +21,6 @@ directory's listing and its own read.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import hashlib
 import os
@@ -32,40 +32,32 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CacheUnavailable
-from ..spec.files import BadFile, exact_chunks, kind_of_mode, open_regular
+from ..spec.files import BadFile, kind_of_mode
 from ..spec.patterns import check_list
-from . import _blobs, _hashhelp, _statcache, _watch
+from . import _hashhelp, _statcache, _watch
 from ._layout import Layer, LayOut
+from ._readonce import WHOLE_MAX, blob_mode, blob_name
+from ._readonce import hash_one as _hash_one
 from ._walk import Dirty, Found, Kept, Listing, Walk, matcher
 
 #: Never part of a working_dir or py_module, whatever the spec says.
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", ".ipynb_checkpoints/")
-#: Files up to this size are read whole; larger ones are hashed (and stored) in chunks.
-WHOLE_MAX = 8 << 20
-_CHUNK = 1 << 20
 #: Below this many files to read, threads cost more than they give.
 _THREADS_FROM = 32
 
 __all__ = [
     "DEFAULT_EXCLUDES",
+    "WHOLE_MAX",
     "FileEntry",
     "LayOut",
     "Tree",
     "blob_mode",
+    "blob_name",
     "forget_stat_cache",
     "hash_file",
     "hash_tree",
     "store_file",
 ]
-
-
-def blob_mode(st_mode: int) -> int:
-    """The read-only mode a file is stored with: the owner reads; group and other read only
-    if they could read the source (a 0600 file stays owner-only: 0400); whoever reads may
-    execute if the source was executable. The common cases are 0444 and 0555."""
-    read = 0o400 | (st_mode & 0o044)
-    return read | (read >> 2) if st_mode & 0o111 else read
 
 
 @dataclass(frozen=True)
@@ -103,14 +95,6 @@ def _digest_line(entry: FileEntry) -> bytes:
     else:
         mode = f"\0m{entry.mode:03o}\0".encode()
     return entry.rel.encode("utf-8", "surrogateescape") + mode + entry.sha256.encode() + b"\n"
-
-
-def blob_name(sha256: str, mode: int) -> str:
-    if mode == 0o444:
-        return sha256
-    if mode == 0o555:
-        return sha256 + "-x"
-    return f"{sha256}-m{mode:03o}"
 
 
 @dataclass(frozen=True)
@@ -169,115 +153,6 @@ def store_file(path: str, store: str | Path, rel: str) -> FileEntry:
     mode = blob_mode(st.st_mode)
     sha = _hash_one(path, st, str(store), mode, cached=False)
     return FileEntry(rel, path, mode, st.st_size, sha)
-
-
-def _hash_one(
-    path: str,
-    st: os.stat_result,
-    store: str | None,
-    mode: int,
-    *,
-    cached: bool = True,
-    layer: Layer | None = None,
-    rel: str = "",
-) -> str:
-    """Read ``path`` once: hash it and write it from the same bytes, as ``rel`` of the
-    ``layer`` being laid out (not stored yet: ``_layout``) or else, with a ``store``, into
-    the store."""
-    known = _statcache.lookup(path, st) if cached else None
-    if known is not None:
-        return known
-    started = time.time_ns()
-    # Opened non-blocking and checked on the descriptor (the file stat'ed, regular), then
-    # read for exactly its size: a FIFO swapped in, /proc or a file being written is a
-    # BadFile, never a hang or an endless read.
-    fd = open_regular(path, st)
-    try:
-        if st.st_size <= WHOLE_MAX:
-            data = _read_whole(fd, path, st.st_size)
-            sha = hashlib.sha256(data).hexdigest()
-            if layer is not None and layer.write(rel, data, mode):
-                pass  # linked into the store after the env is ready (``_layout``)
-            elif store is not None:
-                _blobs.write_blob(store, blob_name(sha, mode), data, len(data), mode)
-        else:
-            sha = _hash_chunks(fd, path, st.st_size, store, mode, layer, rel)
-    except OSError as exc:
-        full = _full(exc, store, path) if store is not None else None
-        if full is None:
-            raise
-        raise full from exc
-    finally:
-        os.close(fd)
-    _statcache.record(path, st, sha, started)
-    return sha
-
-
-#: Errors of the disk under the store, not of the file read: the cache is unusable.
-_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
-
-
-def _full(exc: OSError, store: str, path: str) -> CacheUnavailable | None:
-    """``exc`` as the cache's disk error (a full or read-only disk, naming the store and
-    the file being stored), or None if it is not one. A tree's parse stored what it hashed:
-    a full disk there is the cache's state, not a bad spec (it said "invalid spec")."""
-    if exc.errno not in _DISK_ERRNOS:
-        return None
-    code = errno.errorcode.get(exc.errno or 0, "")
-    head, blobs = os.path.split(store.rstrip(os.sep))
-    # A cache's store is <root>/shared/blobs (``_store.blob_dir``): the error names the root.
-    root = (
-        os.path.dirname(head) if (os.path.basename(head), blobs) == ("shared", "blobs") else store
-    )
-    return CacheUnavailable(root, f"{exc.strerror} [{code}] while storing {path}")
-
-
-def _read_whole(fd: int, path: str, size: int) -> bytes:
-    """Exactly ``size`` bytes of the regular file ``fd``: one read of one byte more, which a
-    regular file answers with its ``size`` bytes and the end; anything else (a pseudo-file,
-    a file being written, a file system that reads short) is read again from the start,
-    chunk by chunk, which says why it is a ``BadFile`` or reads it whole."""
-    data = os.read(fd, size + 1)
-    if len(data) == size:
-        return data
-    os.lseek(fd, 0, os.SEEK_SET)
-    return b"".join(exact_chunks(fd, path, size, size or 1))
-
-
-def _hash_chunks(
-    fd: int,
-    path: str,
-    size: int,
-    store: str | None,
-    mode: int,
-    layer: Layer | None = None,
-    rel: str = "",
-) -> str:
-    digest = hashlib.sha256()
-    out = layer.open(rel, mode) if layer is not None else None
-    sink = _blobs.BlobSink(store, mode) if store is not None and out is None else None
-    whole = False
-    try:
-        for chunk in exact_chunks(fd, path, size, _CHUNK):
-            digest.update(chunk)
-            if out is not None and layer is not None:
-                try:
-                    _blobs.write_all(out, chunk)
-                except OSError:  # a full disk: no lay-out (its build stores the file)
-                    layer.close(out, mode, ok=False, rel=rel)
-                    out = None
-            elif sink is not None:
-                sink.write(chunk)
-        sha = digest.hexdigest()
-        if sink is not None:
-            sink.commit(blob_name(sha, mode))
-        whole = True
-    finally:
-        if sink is not None:
-            sink.abort()
-        if out is not None and layer is not None:
-            layer.close(out, mode, ok=whole, rel=rel)
-    return sha
 
 
 def hash_tree(

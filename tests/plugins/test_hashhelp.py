@@ -41,7 +41,7 @@ from jupyter_runtimeenv.plugins import (
 from jupyter_runtimeenv.plugins._layout import LayOut
 from jupyter_runtimeenv.spec.files import BadFile
 
-FILES = 300  # over _hashing._HELPER_FROM
+FILES = 300  # over 2 * _hashhelp.STREAM_FROM: a stream begun during the walk
 
 
 @pytest.fixture
