@@ -25,26 +25,8 @@ from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers import zygote
 from jupyter_runtimeenv.workers.executor import LocalExecutor, resolve_driver_sys_path
-from jupyter_runtimeenv.workers.future import RemoteFuture, Task
-from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
-from jupyter_runtimeenv.workers.serialize import dump_call
-
-
-def worker_children() -> list[psutil.Process]:
-    """Our live worker processes (children running the bootstrap; not the templates that
-    fork workers, see ``workers/zygote.py``)."""
-    found = []
-    for child in processes.descendants():
-        argv = processes.cmdline(child)
-        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
-            found.append(child)
-    return found
-
-
-def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
-    alive = processes.wait_gone(pids, timeout)
-    assert not alive, f"processes still alive: {alive}"
+from tests.workers.helpers import worker_children
 
 
 @pytest.fixture(autouse=True)
@@ -126,16 +108,6 @@ def make_pool(ctx: EnvContext) -> Iterator[Callable[..., Pool]]:
     yield make
     for pool in pools:
         pool.close()
-
-
-def submit(pool: Pool, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Submit straight to a pool (what ``LocalExecutor.submit`` does)."""
-    name = getattr(function, "__name__", type(function).__name__)
-    future: RemoteFuture[Any] = RemoteFuture(name)
-    task = Task(b"", future, OutputTarget.capture(name))
-    task.payload = dump_call(task.id, function, args, kwargs, name)
-    assert pool.submit(task)
-    return future
 
 
 @pytest.fixture

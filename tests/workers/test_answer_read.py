@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import submit
 
 from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.errors import BrokenWorker
@@ -35,6 +34,7 @@ from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
+from tests.workers.helpers import submit
 
 
 @pytest.fixture(autouse=True, params=["spare CPU", "busy"])

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_gone
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.errors import BuildError, RemoteTaskError
 from jupyter_runtimeenv.workers.executor import LocalExecutor
+from tests.workers.helpers import wait_gone
 
 
 def env_var(name: str) -> str | None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import submit, wait_gone
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.client import EmbeddedClient
@@ -33,6 +32,7 @@ from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool, PoolState
 from jupyter_runtimeenv.workers.serialize import dump_call
+from tests.workers.helpers import submit, wait_gone
 
 
 def pid() -> int:

@@ -15,13 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import submit, wait_gone
-
 from jupyter_runtimeenv.workers import protocol
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
+from tests.workers.helpers import submit, wait_gone
 
 MakePool = Callable[..., Pool]
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import submit, wait_gone
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
@@ -29,6 +28,7 @@ import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import RemoteInterrupt
 from jupyter_runtimeenv.workers.interrupt import describe, interrupted
 from jupyter_runtimeenv.workers.pool import Pool
+from tests.workers.helpers import submit, wait_gone
 
 SCRIPT = Path(__file__).with_name("_interrupt_script.py")
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import submit
 
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers.pool import Pool
+from tests.workers.helpers import submit
 
 MakePool = Callable[..., Pool]
 STDLIB = "xml.dom.minidom"  # not imported by the bootstrap

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import wait_gone
+from tests.workers.helpers import wait_gone
 
 SCRIPT = textwrap.dedent(
     """

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import submit, wait_gone
 
 from jupyter_runtimeenv.errors import BrokenWorker
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
@@ -28,6 +27,7 @@ from jupyter_runtimeenv.workers.habits import PIPELINE_DEPTH
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
+from tests.workers.helpers import submit, wait_gone
 
 MakePool = Callable[..., Pool]
 

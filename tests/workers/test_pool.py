@@ -12,7 +12,6 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import submit, wait_gone, worker_children
 
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import (
@@ -24,6 +23,7 @@ from jupyter_runtimeenv.errors import (
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool, PoolState
+from tests.workers.helpers import submit, wait_gone, worker_children
 
 MakePool = Callable[..., Pool]
 

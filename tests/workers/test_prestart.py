@@ -14,13 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
-from conftest import submit, wait_gone, worker_children
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv import parse
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.workers.executor import LocalExecutor
 from jupyter_runtimeenv.workers.pool import Pool
+from tests.workers.helpers import submit, wait_gone, worker_children
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from conftest import submit
 
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers.pool import Pool, observe
 from jupyter_runtimeenv.workers.report import rss_of, snapshot
+from tests.workers.helpers import submit
 
 
 def fail() -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_gone
 
 from jupyter_runtimeenv.errors import BrokenWorker
 from jupyter_runtimeenv.workers import shm
@@ -31,6 +30,7 @@ from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import prepare_call
+from tests.workers.helpers import wait_gone
 
 MakePool = Callable[..., Pool]
 SIZE = 3 * shm.OOB_MIN

@@ -26,13 +26,13 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import submit
 from processes import cmdline, of, survivors
 
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.workers import lifeline, process, zygote
 from jupyter_runtimeenv.workers.pool import Pool
+from tests.workers.helpers import submit
 
 #: Workers and templates start in the driver's session (``lifeline.OWN_GROUP``).
 IN_DRIVERS_SESSION = "process_group" in lifeline.OWN_GROUP
