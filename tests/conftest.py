@@ -76,20 +76,11 @@ _LEFT_FOR = 30.0
 _left: dict[psutil.Process, tuple[str, str, float, float]] = {}
 
 
-def _worker_processes() -> list[psutil.Process]:
-    found = []
-    for proc in processes.descendants():
-        argv = processes.cmdline(proc)
-        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
-            found.append(proc)
-    return found
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield
     now = time.monotonic()
-    for proc in _worker_processes():
+    for proc in processes.worker_children():
         seen = _left.get(proc)
         if seen is None:
             try:
@@ -116,7 +107,7 @@ def _note(line: str) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     now = time.monotonic()
-    for proc in _worker_processes():  # still alive at the end: seen until now
+    for proc in processes.worker_children():  # still alive at the end: seen until now
         if proc in _left:
             _left[proc] = (*_left[proc][:3], now)
     lasting = [(p, v) for p, v in _left.items() if v[3] - v[2] >= _LEFT_FOR]

@@ -32,6 +32,7 @@ __all__ = [
     "survivors",
     "wait_for",
     "wait_gone",
+    "worker_children",
 ]
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -68,6 +69,17 @@ def cmdline(proc: int | psutil.Process) -> list[str]:
         return list(process.cmdline())
     except _GONE:
         return []
+
+
+def worker_children() -> list[psutil.Process]:
+    """Our live worker processes (children running the bootstrap; not the templates that
+    fork workers, see ``workers/zygote.py``)."""
+    found = []
+    for child in descendants():
+        argv = cmdline(child)
+        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
+            found.append(child)
+    return found
 
 
 def kill(proc: int | psutil.Process) -> None:

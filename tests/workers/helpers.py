@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import processes
-import psutil
+from processes import worker_children
 
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
@@ -16,17 +16,6 @@ from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
 
 __all__ = ["submit", "wait_gone", "worker_children"]
-
-
-def worker_children() -> list[psutil.Process]:
-    """Our live worker processes (children running the bootstrap; not the templates that
-    fork workers, see ``workers/zygote.py``)."""
-    found = []
-    for child in processes.descendants():
-        argv = processes.cmdline(child)
-        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
-            found.append(child)
-    return found
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
