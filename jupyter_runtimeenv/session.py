@@ -81,6 +81,9 @@ def executor_or(make: Callable[[], Executor]) -> Executor:
     """The session's executor; when there is none, ``make()`` one and keep it (owned: it is
     shut down when replaced or at ``clear``)."""
     global _executor, _owns_executor
+    executor = _executor  # set once, replaced whole: read without the lock on every call
+    if executor is not None:
+        return executor
     with _lock:
         if _executor is None:
             _executor, _owns_executor = make(), True

@@ -232,6 +232,16 @@ def _value(spec: RuntimeEnvSpec, key: str) -> Any:
 _ABSENT = object()
 
 
+def has_local_content(spec: RuntimeEnvSpec, registry: PluginRegistry | None = None) -> bool:
+    """Whether ``refresh`` may ever give another spec for ``spec``: it has plugins or a field
+    whose plugin has ``local_content``. The same answer for the same spec, always (an
+    executor asks once per spec, not at every call)."""
+    if spec.plugins:
+        return True
+    registry = registry or default_registry()
+    return any(getattr(registry.for_field(name), "local_content", False) for name in spec.fields)
+
+
 def refresh(spec: RuntimeEnvSpec, *, registry: PluginRegistry | None = None) -> RuntimeEnvSpec:
     """``spec`` with the content its local files have now: ``spec`` itself when nothing
     changed, else the same fields under a new env id.
@@ -245,9 +255,7 @@ def refresh(spec: RuntimeEnvSpec, *, registry: PluginRegistry | None = None) -> 
     if not spec.identity:
         return spec
     registry = registry or default_registry()
-    if not spec.plugins and not any(
-        getattr(registry.for_field(name), "local_content", False) for name in spec.fields
-    ):
+    if not has_local_content(spec, registry):
         return spec  # the common case of a call without local code: no work at all
     identity = dict(spec.identity)
     for key, value, plugin in _plugins_of(spec, registry):

@@ -204,12 +204,15 @@ class Worker:
                 continue
             task_id = pending[0][0]
             P.STATUS.pack_into(status, 0, task_id)
-            try:  # a CANCEL that came while the previous call ran
-                reader.pump(_DONTWAIT)
-            except BlockingIOError:
-                pass
-            else:
-                self.absorb()
+            # A CANCEL that came while the previous call ran. A poll first: ~1 us, where a
+            # read that finds nothing raises (~2-3 us), as it does on nearly every call.
+            if reader.arrived():
+                try:
+                    reader.pump(_DONTWAIT)
+                except BlockingIOError:
+                    pass
+                else:
+                    self.absorb()
             self.pending_ids.discard(task_id)
             if task_id in self.cancelled:
                 self.cancelled.discard(task_id)
@@ -232,10 +235,13 @@ class Worker:
             if kind == P.CALL:
                 task_id, key, flags, count = P.CALL_HEAD.unpack_from(payload)
                 start = P.CALL_HEAD.size
-                spans = [P.SPAN.unpack_from(payload, start + i * P.SPAN.size) for i in range(count)]
-                start += count * P.SPAN.size
-                if spans:
+                if count:
+                    size = P.SPAN.size
+                    spans = [P.SPAN.unpack_from(payload, start + i * size) for i in range(count)]
+                    start += count * size
                     self._map_arguments(spans)
+                else:
+                    spans = []
                 self.pending.append((task_id, key, flags, spans, payload, start))
                 self.pending_ids.add(task_id)
             elif kind == P.FUNC:

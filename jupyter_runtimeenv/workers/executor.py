@@ -32,6 +32,7 @@ from typing import Any
 from ..context import EnvContext
 from ..plugins._sources import TREES_VAR
 from ..spec import RuntimeEnvSpec, merge, refresh
+from ..spec.parse import has_local_content
 from . import files
 from .channel import driver_arena
 from .future import RemoteFuture, Task
@@ -141,6 +142,9 @@ class LocalExecutor(Executor):
         self._shut = False
         #: The spec, driver paths and pool of the last ``_pool_for`` (see there).
         self._recent: tuple[RuntimeEnvSpec, tuple[str, ...] | None, Pool] | None = None
+        #: The last declared spec ``_pool_for`` found without local content (``refresh``
+        #: gives it back as it is, always: no need to ask at every call).
+        self._static: RuntimeEnvSpec | None = None
         # Dropping the executor without shutdown() must not leave its workers behind.
         self._finalizer = weakref.finalize(self, _close_pools, self._pools)
 
@@ -211,7 +215,12 @@ class LocalExecutor(Executor):
     def _pool_for(self, declared: RuntimeEnvSpec) -> Pool:
         # The local code as it is now (a stat walk): an edit to a module of the working_dir
         # gives a new env for this call, and the pool of the code before it drains.
-        spec = refresh(declared)
+        if declared is self._static:
+            spec = declared
+        elif has_local_content(declared):
+            spec = refresh(declared)
+        else:
+            spec = self._static = declared
         paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
         # The last call's pool, if this one has the very same spec and path objects (both
         # are returned unchanged when nothing changed): no key to hash, no lock to take.

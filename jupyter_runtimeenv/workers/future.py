@@ -193,6 +193,8 @@ class RemoteFuture(Future[T]):
         __tracebackhide__ = True
         try:
             self._wait(timeout)
+            if self._state == FINISHED and self._exception is None:
+                return self._result  # type: ignore[return-value]  # as Future.result's
             return super().result(0)  # done, or a TimeoutError
         except KeyboardInterrupt as caught:
             raise interrupted(self, caught) from None

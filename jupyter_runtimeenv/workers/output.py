@@ -93,9 +93,12 @@ class StreamForwarder:
         self._since = 0.0  # when the pending partial line began waiting
         self._open = False  # part of the current line was written already (with its prefix)
         self._rewind = False  # the line's next text replaces it (it ended with a lone \r)
+        #: Fed since the last ``flush`` (else a flush, after every answer, has nothing to do).
+        self._fed = False
 
     def feed(self, data: bytes, target: OutputTarget | None, now: float | None = None) -> None:
         """Write every complete line of what was fed so far; keep the rest (see the class)."""
+        self._fed = True
         text = self._decoder.decode(data)
         if not text:
             return
@@ -147,6 +150,9 @@ class StreamForwarder:
 
     def flush(self, target: OutputTarget | None) -> None:
         """End a pending or partly written line with a newline (the task or worker ended)."""
+        if not self._fed:
+            return  # flushed already, nothing fed since: no pending bytes, no open line
+        self._fed = False
         tail = self._decoder.decode(b"", final=True)
         if tail:
             self._pending.append(tail)

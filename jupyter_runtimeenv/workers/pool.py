@@ -343,14 +343,25 @@ class Pool(Dispatch):
                 log.warning("could not release environment %s", ctx.env_id, exc_info=True)
 
     def _start_janitor(self) -> None:
-        if self._janitor is None or not self._janitor.is_alive():
-            self._janitor = threading.Thread(
+        # ``_janitor`` is None again once the janitor is over (it says so under the lock
+        # as it decides to end, or as it fails): no ``is_alive()`` after every answer.
+        if self._janitor is None:
+            janitor = threading.Thread(
                 target=self._reap_idle, name=f"{self.name}-janitor", daemon=True
             )
-            self._janitor.start()
+            janitor.start()  # may raise (no thread to be had): not recorded, tried again
+            self._janitor = janitor
 
     def _reap_idle(self) -> None:
         """Janitor thread: stop workers idle longer than ``idle_timeout``; exits when none."""
+        try:
+            self._reap_idle_loop()
+        except BaseException:
+            with self._lock:
+                self._janitor = None
+            raise
+
+    def _reap_idle_loop(self) -> None:
         while True:
             with self._lock:
                 if self.state is PoolState.CLOSED or not self._idle:

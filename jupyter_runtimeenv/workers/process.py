@@ -199,14 +199,22 @@ class WorkerProcess(Answers):
         dying: its reader thread reports it."""
         if not self.outbox and (self.channel is None or not self.channel.results.freed):
             return
+        outbox = self.outbox
         with self._send_lock:
             tasks = []
-            while self.outbox:
+            while outbox:
                 try:
-                    tasks.append(self.outbox.popleft())
+                    tasks.append(outbox.popleft())
                 except IndexError:  # a cancel took the last one meanwhile
                     break
-            self._send(lambda channel: channel.encode(tasks))
+            channel, sock = self.channel, self._sock
+            if sock is None or self._stopping or channel is None:
+                return
+            try:  # as ``_send``, without a closure per call: this is on every round trip
+                for buffers, fds in channel.encode(tasks):
+                    protocol.send(sock, buffers, fds)
+            except OSError:
+                pass  # dying: the reader thread reports it
 
     def cancel(self, task: Task) -> bool:
         """Tell the worker to skip ``task`` (sent, not answered); kill the worker if its

@@ -214,6 +214,21 @@ def test_idle_workers_stop_and_the_pool_releases_once(ctx: EnvContext) -> None:
     assert pool.submit(task) is False  # the executor then makes a new pool
 
 
+def test_a_pool_reaps_idle_workers_again_after_its_janitor_ended(make_pool: MakePool) -> None:
+    # The janitor thread ends once no worker is idle, and the pool starts it again (by
+    # ``Pool._janitor`` alone, without asking the thread whether it lives) for the next.
+    pool = make_pool(max_workers=1, idle_timeout=0.2)
+    for _ in range(2):
+        worker = submit(pool, pid).result(30)
+        wait_gone([worker])
+        deadline = time.monotonic() + 10
+        while (pool._janitor is not None or pool.pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool._janitor is None
+        assert pool.pids == []
+        assert pool.state is PoolState.READY
+
+
 def test_close_ends_every_worker_and_cancels_tasks(ctx: EnvContext) -> None:
     released: list[str] = []
     pool = Pool(lambda: ctx, lambda c: released.append(c.env_id), max_workers=2)
