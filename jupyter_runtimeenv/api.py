@@ -159,6 +159,10 @@ class RemoteFunction(Generic[P, R]):
         """Run the function in its environment; returns at once."""
         executor = _executor()
         name = getattr(self._function, "__name__", "task")
+        if not self._retries and not self._files_out:  # the common case: no dict to unpack
+            return executor.submit(
+                self._function, args, kwargs, runtime_env=self._effective_env(), name=name
+            )
         # Only executors that can lose a node (Dask) take ``retries``; executors of ours
         # take ``files_out`` (passed when given, so that other executors keep working).
         extra: dict[str, Any] = {"retries": self._retries} if self._retries else {}

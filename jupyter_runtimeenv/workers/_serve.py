@@ -315,7 +315,9 @@ class Worker:
             del value
         if fd is not None:
             fds = [fd]
-        out = self._notices()
+        # What ``_notices`` looks at, first here: there is nothing to tell on most calls.
+        quiet = self.arguments is None and self.results is None
+        out = [] if quiet and len(sys.modules) == self.module_count else self._notices()
         head = P.RETURN_HEAD.pack(task_id, duration, len(result_spans))
         if result_spans:
             head += b"".join(P.SPAN.pack(*s) for s in result_spans)

@@ -100,7 +100,8 @@ class Channel:
         descriptors go with its first byte: a call naming a segment new to the worker
         starts a packet of its own."""
         packets: list[Packet] = []
-        current = self.notices()
+        # What ``notices`` looks at, first here: there is nothing to tell on most calls.
+        current = self.notices() if self.results.freed or self._segments else []
         for task in tasks:
             call = task.call
             if call.key in self._functions:

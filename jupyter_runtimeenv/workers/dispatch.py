@@ -114,12 +114,13 @@ class Dispatch(Affinity):
                     break
                 task = held.popleft()
                 done.append(task)
-                self._since.pop(task.call.task_id, None)
+                call = task.call
+                self._since.pop(call.task_id, None)
                 if held:  # the next call it holds runs now
                     self._since[held[0].call.task_id] = time.time()
                 if duration is not None:
                     ok += 1
-                    self.habits.timed(task.call.key, duration / 1e9)
+                    self.habits.timed(call.key, duration / 1e9)
             self._refill(worker)
         self._count(worker.pid, ok, len(done) - ok)
         return done
