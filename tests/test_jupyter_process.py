@@ -89,6 +89,11 @@ def test_a_port_taken_before_the_server_binds_it_is_tried_again_on_another(
     server = JupyterProcess("jupyter_server", tmp_path, tmp_path / "log", env=_env(tmp_path))
     try:
         assert server.port != taken
+        # The server answers before its agent's start-up (a task on its loop) is over:
+        # ``status`` may say ``started: false`` then. A request that needs the agent waits
+        # for that start, so after it the status must say started (seen false once under
+        # load, in a whole-suite run).
+        assert server.api("GET", "envs")["envs"] == []
         assert server.api("GET", "status")["started"] is True
         assert len(started) == 2
         assert started[0].poll() is not None  # the first could not bind and is gone
