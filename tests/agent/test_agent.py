@@ -321,3 +321,44 @@ def test_process_env_carries_sys_path_and_env_id() -> None:
     assert env[SYS_PATH_VAR] == '["/w", "/d"]'
     assert env["JUPYTER_RUNTIMEENV_ENV_ID"] == "e"
     assert EnvContext.from_json(ctx.to_json()) == ctx
+
+
+async def test_a_ready_env_is_handed_out_before_its_log_file_is_written(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The log's file of a build that succeeded is written after its waiters go on (its
+    lines are in memory: ``log()`` has them); a failed build's error names that file, so
+    its waiters wake only once it is written."""
+    from jupyter_runtimeenv.agent import build
+
+    agent = await make_agent(registry=registry())
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    real = build._append
+
+    def held(path: Path, lines: list[str]) -> None:
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(60)
+        real(path, lines)
+
+    monkeypatch.setattr(build, "_append", held)
+    spec = agent.parse({"counting": {"name": "early"}})
+    ctx = await asyncio.wait_for(agent.get_or_create(spec, "h"), 30)
+    assert ctx.env_id == spec.env_id
+    assert "[counting] created counting://early" in await agent.log(spec.env_id)
+    flag = tmp_path / "fail"
+    flag.write_text("fail")
+    failing = agent.parse({"failing": str(flag)})
+    waiter = asyncio.ensure_future(agent.get_or_create(failing, "h"))
+    deadline = time.monotonic() + 30
+    while agent._machine.get(failing.env_id) is None or (
+        (await agent.env_status(failing.env_id))["state"] != "FAILED"
+    ):
+        assert time.monotonic() < deadline, "the failing build never failed"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert not waiter.done()  # failed, and waiting for its log's file
+    release.set()
+    with pytest.raises(BuildError) as caught:
+        await asyncio.wait_for(waiter, 30)
+    assert caught.value.log_path
+    assert Path(caught.value.log_path).exists()
