@@ -88,8 +88,11 @@ class Helper:
             os.close(from_w)
         #: A job was sent whose answer is not read yet.
         self.pending = False
-        #: While idle: what ends it after ``RETIRE_S`` (``give_back``).
-        self.retire: threading.Timer | None = None
+        #: Since when it is idle (``time.monotonic``, set by ``give_back``); None in use.
+        self.idle_since: float | None = None
+        #: Stopped (``stop``): its retirer (``_retire_when_idle``) returns.
+        self.stopped = False
+        self.retirer = False
 
     def send(
         self, root: str, files: list[tuple[int, str, str, int, int, int, int]], more: bool = False
@@ -127,6 +130,9 @@ class Helper:
 
     def stop(self, kill: bool = False) -> None:
         """End it (closing its input ends it; ``kill``: at once) and reap it."""
+        with _changed:
+            self.stopped = True
+            _changed.notify_all()
         if kill:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -138,6 +144,8 @@ class Helper:
 
 
 _lock = threading.Lock()
+#: Notified when a helper is stopped (its retirer returns).
+_changed = threading.Condition(_lock)
 _idle: list[Helper] = []  # at most one, not in use
 
 
@@ -147,9 +155,9 @@ def take() -> Helper | None:
         return None
     with _lock:
         helper = _idle.pop() if _idle else None
+        if helper is not None:
+            helper.idle_since = None
     if helper is not None:
-        if helper.retire is not None:
-            helper.retire.cancel()
         if helper.ready(_PENDING_S):
             return helper
         helper.stop(kill=helper.pending)  # gone, or stuck (stopped?) for seconds
@@ -161,35 +169,56 @@ def take() -> Helper | None:
 
 def give_back(helper: Helper) -> None:
     """Keep ``helper`` for the next ``take`` (one at most), ended ``RETIRE_S`` later if
-    none takes it; another one is stopped now."""
-    with _lock:
-        if not _idle:
+    none takes it; another one is stopped now. Its retirer is a thread of its own, started
+    at its first give-back and kept while it lives: a ``threading.Timer`` per give-back
+    put a thread's start (0.3-4 ms at load 2-4 on this VM, the caller waits for it to run)
+    on the path of every new tree, between the hash and its digest."""
+    start = False
+    with _changed:
+        kept = not _idle and not helper.stopped
+        if kept:
             _idle.append(helper)
-            helper.retire = threading.Timer(RETIRE_S, _retire, (helper,))
-            helper.retire.daemon = True
-            helper.retire.start()
+            helper.idle_since = time.monotonic()
+            start, helper.retirer = not helper.retirer, True
+    if not kept:
+        helper.stop()
+    elif start:
+        threading.Thread(
+            target=_retire_when_idle, args=(helper,), name="jupyter-runtimeenv-hashhelp",
+            daemon=True,
+        ).start()  # fmt: skip
+
+
+def _retire_when_idle(helper: Helper) -> None:
+    """End ``helper`` once it has been idle ``RETIRE_S`` (its input closed: it exits) and
+    reap it; return when it is stopped (by this or by its user)."""
+    with _changed:
+        while not helper.stopped:
+            # Not woken by ``give_back`` (a thread woken there would take the GIL from the
+            # caller's digest): while the helper is in use it looks every ``RETIRE_S / 4``.
+            since = helper.idle_since
+            left = RETIRE_S / 4 if since is None else since + RETIRE_S - time.monotonic()
+            if left > 0:
+                _changed.wait(left)
+                continue
+            if helper in _idle:
+                _idle.remove(helper)
+            break
+        else:
             return
-    helper.stop()
-
-
-def _retire(helper: Helper) -> None:
-    """End an idle helper that nobody took (its input closed: it exits) and reap it."""
-    with _lock:
-        if helper not in _idle:
-            return  # taken meanwhile
-        _idle.remove(helper)
     helper.stop()
 
 
 def _forget_in_child() -> None:
     # A forked child has copies of the pipes: closed, so the helper still ends with us.
-    global _lock
+    global _lock, _changed
     for helper in _idle:
         for fd in (helper.to_w, helper.from_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
     _idle.clear()
     _lock = threading.Lock()
+    _changed = threading.Condition(_lock)
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

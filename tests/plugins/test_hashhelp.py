@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,6 +280,30 @@ def test_a_helper_taken_back_before_its_retirement_is_kept(
     time.sleep(1.0)  # past the retirement it would have had
     assert running(helper.pid)
     helper.stop()
+
+
+def test_giving_a_helper_back_again_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new tree gives the helper back between its hash and its digest: a thread started
+    there (a ``threading.Timer`` per give-back, before) waited for a core on that path. The
+    helper's one retirer still ends it once it is idle, and ends with it."""
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.5)
+    helper = _hashhelp.Helper()
+    _hashhelp.give_back(helper)
+    for _ in range(3):
+        assert _hashhelp.take() is helper
+        before = set(threading.enumerate())
+        _hashhelp.give_back(helper)
+        assert set(threading.enumerate()) - before == set()
+    retirers = [t for t in threading.enumerate() if t.name == "jupyter-runtimeenv-hashhelp"]
+    assert len(retirers) == 1
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{helper.pid}"):
+        assert time.monotonic() < deadline, "the idle helper was not ended and reaped"
+        time.sleep(0.01)
+    retirers[0].join(10)
+    assert not retirers[0].is_alive()
+    assert _hashhelp._idle == []
 
 
 async def test_a_full_disk_while_a_large_tree_is_parsed_is_the_cache_not_the_spec(
