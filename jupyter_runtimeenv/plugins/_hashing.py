@@ -21,13 +21,11 @@ directory's listing and its own read.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ from . import _hashhelp, _statcache, _watch
 from ._layout import Layer, LayOut
 from ._readonce import WHOLE_MAX, blob_mode, blob_name
 from ._readonce import hash_one as _hash_one
+from ._tree import FileEntry, Tree, digest, new_entries
 from ._walk import Dirty, Found, Kept, Listing, Walk, matcher
 
 #: Never part of a working_dir or py_module, whatever the spec says.
@@ -58,76 +57,6 @@ __all__ = [
     "hash_tree",
     "store_file",
 ]
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of a tree: where it is relative to the tree, its source, the mode it is
-    stored with (``blob_mode``) and its content."""
-
-    rel: str
-    source: str
-    mode: int
-    size: int
-    sha256: str
-
-    @property
-    def executable(self) -> bool:
-        return bool(self.mode & 0o100)
-
-    @functools.cached_property
-    def digest_line(self) -> bytes:
-        """What this file adds to its tree's digest (``_digest``)."""
-        return _digest_line(self)
-
-    @property
-    def blob_name(self) -> str:
-        # The mode is part of the blob: hardlinks share their inode's mode, so a 0600 file
-        # and a 0644 file of the same content are two blobs (0400 and 0444).
-        return blob_name(self.sha256, self.mode)
-
-
-def _digest_line(entry: FileEntry) -> bytes:
-    # 0444/0555 hash as before modes were kept; any other mode enters the digest, so making
-    # a file owner-only makes a new tree.
-    if entry.mode in (0o444, 0o555):
-        mode = b"\0755\0" if entry.executable else b"\0644\0"
-    else:
-        mode = f"\0m{entry.mode:03o}\0".encode()
-    return entry.rel.encode("utf-8", "surrogateescape") + mode + entry.sha256.encode() + b"\n"
-
-
-@dataclass(frozen=True)
-class Tree:
-    """A hashed tree: its digest, its files in path order and their total size."""
-
-    digest: str
-    entries: tuple[FileEntry, ...]
-
-    @functools.cached_property
-    def size(self) -> int:
-        return sum(e.size for e in self.entries)
-
-    @functools.cached_property
-    def dirs(self) -> tuple[str, ...]:
-        """Every directory below the root that holds a file, parents before children."""
-        found: set[str] = set()
-        last = ""
-        for entry in self.entries:
-            # ``rel`` is "/"-separated and normalised: its parent is what precedes the last
-            # "/" (``os.path.dirname``'s answer at a fifth of its cost: it ran 2,000 times
-            # for a tree of 1,000 files, ~2 ms on a build's path here).
-            parent = entry.rel.rpartition("/")[0]
-            if parent == last:
-                continue  # in path order, most files share their parent with the one before
-            last = parent
-            while parent and parent not in found:
-                found.add(parent)
-                parent = parent.rpartition("/")[0]
-        return tuple(sorted(found))  # a prefix sorts before its extensions
-
-    def largest(self, n: int = 5) -> list[FileEntry]:
-        return sorted(self.entries, key=lambda e: e.size, reverse=True)[:n]
 
 
 def forget_stat_cache() -> None:
@@ -283,12 +212,9 @@ def _hash_tree(
             stream.abort()  # (nothing once it finished)
     if shas is None:
         shas = _hash_all(todo, walk.stats, blobs, whole)
-    new = iter(
-        FileEntry(rel, path, blob_mode(st_mode), key[2], sha)
-        for (rel, path, key, st_mode), sha in zip(todo, shas, strict=True)
-    )
+    new = new_entries(todo, shas)
     done = tuple(entry or next(new) for entry in entries)
-    tree = Tree(_digest(done), done)
+    tree = Tree(digest(done), done)
     # Without a watch the next call compares stats, which a file changed within the racy
     # window could keep while changing again: such a tree is not "settled".
     settled = all(key[4] < started - _statcache.RACY_NS for _, _, key, _ in found)
@@ -487,18 +413,3 @@ def _pool() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(_threads(), thread_name_prefix="jre-hash")
         return _executor
-
-
-def _digest(entries: Iterable[FileEntry]) -> str:
-    # Each entry's line is made once and kept as ``digest_line``'s cache (the next tree of
-    # an edited source reuses the entries of files no event named), read here without
-    # ``cached_property.__get__``, which takes a lock per first read on Python 3.11: 1.4 vs
-    # 0.8 ms for the lines of 1,000 new files, at the end of a first tree's hash.
-    lines = []
-    for entry in entries:
-        kept = entry.__dict__
-        line = kept.get("digest_line")
-        if line is None:
-            line = kept["digest_line"] = _digest_line(entry)
-        lines.append(line)
-    return hashlib.sha256(b"".join(lines)).hexdigest()
