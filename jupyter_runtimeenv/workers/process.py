@@ -340,15 +340,14 @@ class WorkerProcess(Answers):
                         with self._reap_lock:
                             lifeline.kill_group(self.pid)
                         sock.settimeout(_EXIT_GRACE)
-                    # Output written before a frame is reported by the same poll (the worker
-                    # flushes, then sends; epoll is level-triggered), so it is drained first.
-                    if len(readable) > (sock_fd in readable):
+                    if sock_fd not in readable:  # output alone: shown as it comes
                         self._drain(self.task.output if self.task is not None else self._last)
-                    if sock_fd not in readable:
                         continue
                     try:
                         alive = channel.reader.pump(socket.MSG_DONTWAIT)
                     except BlockingIOError:  # a thread waiting for its answer read it all
+                        if len(readable) > 1:
+                            self._drain(self.task.output if self.task is not None else self._last)
                         continue
                     except ConnectionResetError:  # it died with bytes of ours unread
                         alive = False
@@ -359,7 +358,7 @@ class WorkerProcess(Answers):
                     if not alive:
                         error = None if self._stopping else self._died()
                         break
-                    self._frames(channel)
+                    self._frames_after_output(channel, poller.poll, sock_fd)
         except (protocol.ProtocolError, OSError, ValueError) as exc:
             self.kill()
             error = BrokenWorker(f"worker pid {self.pid} broke the protocol: {exc}")
