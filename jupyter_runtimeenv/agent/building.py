@@ -115,11 +115,6 @@ class Builds(AgentCore):
             )
             recorded = True  # and its pins dropped (the record holds its resources now)
             self._publish_state(self._machine.succeed(env_id, context.to_json(), time.time()))
-            # READY: its waiters go on now; the log's file is written after (a new file, a
-            # thread's trip: 0.6-1.2 ms of a working_dir env's first task here). A failed
-            # build's waiters still wake after it: its error names that file.
-            if done is not None and not done.done():
-                done.set_result(None)
         except asyncio.CancelledError:
             self._fail(
                 env_id, BuildError("the build was cancelled", env_id=env_id, log_path=str(log.path))
