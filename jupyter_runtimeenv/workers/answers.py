@@ -213,8 +213,13 @@ class Answers:
 
     def _frames(self, channel: Channel) -> None:
         """Handle the frames read so far (read lock held)."""
+        frames = channel.reader.frames()
+        if len(frames) == 1 and frames[0][0] == protocol.RETURN:  # an idle worker's answer
+            payload = frames.pop()[1]
+            self._last = self._returned(channel, payload)
+            return
         answers: list[tuple[int, bytes | bytearray]] = []
-        for kind, payload in channel.reader.frames():
+        for kind, payload in frames:
             if kind in _ANSWERS:
                 answers.append((kind, payload))
             else:
@@ -316,6 +321,33 @@ class Answers:
             else:
                 task.future.settle_result(value)
         return tasks[-1].output
+
+    def _returned(self, channel: Channel, payload: bytes | bytearray) -> OutputTarget:
+        """``_answered`` for one RETURN, the answer of a worker that ran one call: the same
+        steps, in a straight line (no lists of answers to pair with their tasks)."""
+        if not self.ready:
+            raise protocol.ProtocolError("an answer before the worker was ready")
+        tasks = self.listener.tasks_answered(self, [_duration(payload)])
+        if not tasks:
+            raise protocol.ProtocolError("1 answers for 0 calls")
+        task = tasks[0]
+        self.flush()  # the worker's next calls go out before the waiter wakes
+        output = task.output
+        for forwarder in self._forwarders.values():
+            forwarder.flush(output)
+        future = task.future
+        try:
+            value = channel.outcome(task, protocol.RETURN, payload)
+        except protocol.ProtocolError as exc:
+            _break(tasks, f"worker pid {self.pid} broke the protocol: {exc}")
+            raise
+        except Exception as exc:
+            del payload
+            future.settle_exception(exc)
+            return output
+        del payload
+        future.settle_result(value)
+        return output
 
     def _drain(self, target: OutputTarget | None) -> None:
         """Read the output pipes until they are empty (read lock held, or the reader done)."""

@@ -106,6 +106,7 @@ class Dispatch(Affinity):
         """The worker answered its oldest ``len(durations)`` calls (each RETURN's duration
         in ns, ``None`` for RAISE/SKIP): take them off it and hand it the next ones."""
         ok = 0
+        since, timed = self._since, self.habits.timed
         with self._lock:
             held = worker.held
             done = []
@@ -115,12 +116,12 @@ class Dispatch(Affinity):
                 task = held.popleft()
                 done.append(task)
                 call = task.call
-                self._since.pop(call.task_id, None)
+                since.pop(call.task_id, None)
                 if held:  # the next call it holds runs now
-                    self._since[held[0].call.task_id] = time.time()
+                    since[held[0].call.task_id] = time.time()
                 if duration is not None:
                     ok += 1
-                    self.habits.timed(call.key, duration / 1e9)
+                    timed(call.key, duration / 1e9)
             self._refill(worker)
         self._count(worker.pid, ok, len(done) - ok)
         return done

@@ -214,3 +214,31 @@ def test_a_fork_while_another_thread_holds_the_futures_lock() -> None:
     finally:
         release.set()
         holder.join(60)
+
+
+def test_a_settle_after_a_cancel_loses_quietly_and_callbacks_run_once() -> None:
+    """``settle_result`` does ``set_result``'s steps itself (wire10b): a cancel that came
+    first wins without an error, each done-callback runs once, a failing one does not stop
+    the next, and a settled future wakes its waiters and lets its task go."""
+    seen: list[object] = []
+    cancelled: RemoteFuture[int] = RemoteFuture("c")
+    cancelled.add_done_callback(lambda f: seen.append(("c", f.cancelled())))
+    assert cancelled.cancel()
+    cancelled.settle_result(1)  # the reader thread's answer, after the cancel: no error
+    assert cancelled.cancelled()
+    assert seen == [("c", True)]
+
+    settled: RemoteFuture[int] = RemoteFuture("s")
+    settled.add_done_callback(lambda f: 1 / 0)  # logged, as Future does
+    settled.add_done_callback(lambda f: seen.append(("s", f.result())))
+    waiting = threading.Thread(target=lambda: seen.append(("w", settled.result(60))))
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while not settled._waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    settled.settle_result(2)
+    settled.settle_result(3)  # a second settle loses quietly too
+    waiting.join(60)
+    assert settled.result(0) == 2
+    assert settled._task is None
+    assert sorted(seen, key=str) == [("c", True), ("s", 2), ("w", 2)]
