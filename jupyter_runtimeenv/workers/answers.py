@@ -207,8 +207,10 @@ class Answers:
         waited for the read lock while a caller read) or older than a frame that came after
         them. Drained after its call was answered, a line went to the next call's cell (a
         cell's first line, about 1 in 1,500 alternations of two cells; test_pipeline)."""
-        if any(fd != sock_fd for fd, _ in poll(0)):
-            self._drain(self.task.output if self.task is not None else self._last)
+        for fd, _ in poll(0):  # a loop, not any() of a generator: on every round trip
+            if fd != sock_fd:
+                self._drain(self.task.output if self.task is not None else self._last)
+                break
         self._frames(channel)
 
     def _frames(self, channel: Channel) -> None:

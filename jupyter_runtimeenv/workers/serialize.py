@@ -331,6 +331,11 @@ def split_return(payload: bytes | bytearray) -> tuple[int, int, list[tuple[int, 
     return task_id, duration, spans, offset + count * protocol.SPAN.size
 
 
+#: Up to this many bytes, a RETURN's pickle is unpickled from a copy (a slice of the payload,
+#: ~0.1 us) rather than through a memoryview (set up and released: ~0.8 us per answer).
+_COPIED = 4096
+
+
 def load_outcome(
     kind: int,
     payload: bytes | bytearray,
@@ -351,6 +356,8 @@ def load_outcome(
         if spans and buffers is None:
             raise protocol.ProtocolError("a RETURN in shared memory on a channel without it")
         try:
+            if len(payload) - start <= _COPIED:  # a small value: a copy costs less than a view
+                return pickle.loads(payload[start:], buffers=buffers)
             with memoryview(payload) as view:
                 return pickle.loads(view[start:], buffers=buffers)
         except Exception as exc:
