@@ -296,14 +296,17 @@ def _run() -> None:
                 return
             _busy.append(spare)
         ok = False
-        store = str(blob_dir(spare.cache_root))
-        settle(store)  # the trees its builds wrote and did not store: the spare links them
-        if not spare.dropped:
-            try:
+        # A spare is an optimisation: whatever fails here (a full disk in the store step, a
+        # blob gone), there is none this time, and the thread goes on to its next job (it
+        # ended here before, and no spare was laid out again in this process).
+        try:
+            store = str(blob_dir(spare.cache_root))
+            settle(store)  # the trees its builds wrote and did not store: the spare links them
+            if not spare.dropped:
                 _link_spare(spare.tree, store, spare.path)
                 ok = True
-            except Exception:  # a spare is an optimisation: then there is none
-                ok = False
+        except Exception:
+            ok = False
         with _lock:
             _busy.remove(spare)
             if ok and not spare.dropped:

@@ -378,3 +378,39 @@ def test_the_spares_thread_waits_for_the_next_build(tmp_path: Path, cache: Path)
     assert len(threads) == 2
     assert threads[0] is threads[1]
     assert threads[0].is_alive()
+
+
+def test_a_spare_whose_store_step_fails_is_none_and_the_next_is_laid_out(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spares' thread settles the store before it links a spare; when that fails (a
+    full disk), this spare is dropped and the thread lives on: the next build's spare is
+    laid out. Before, the thread ended with the error and, still listed as running, was
+    only ever "woken" again: no spare was made again in the process."""
+    src = tmp_path / "src"
+    write(src, {"a.txt": "a"})
+    family = f"0:{src}"
+    _hashing.forget_stat_cache()
+    real = _spares.settle
+    failed: list[str] = []
+
+    def settle(store: str) -> None:
+        if threading.current_thread().name == "jre-tree-spares" and not failed:
+            failed.append(store)
+            raise OSError(28, "No space left on device")
+        real(store)
+
+    monkeypatch.setattr(_spares, "settle", settle)
+    for i in range(2):
+        write(src, {"a.txt": f"a{i}"})
+        target = tmp_path / f"v{i}"
+        target.mkdir()
+        _spares.lay_out(hashed(src, cache), cache, target, family)
+        if i == 0:
+            deadline = time.monotonic() + 30
+            while not failed or _spares._busy:
+                assert time.monotonic() < deadline, "the spare's store step never ran"
+                time.sleep(0.01)
+            assert not any(ready for *_, ready in _spares.spares())  # dropped, not ready
+    wait_ready(family)  # the thread lived on: the second build's spare is laid out
+    assert (tmp_path / "v1" / "a.txt").read_text() == "a1"
