@@ -82,6 +82,21 @@ def repeat(reps: int, run: Callable[[int], float]) -> list[float]:
     return [run(i) for i in range(reps)]
 
 
+def in_turns(
+    reps: int, ours: Callable[[int], float], floor: Callable[[int], float]
+) -> tuple[Result, Result]:
+    """``reps`` pairs of ``ours(i)`` and ``floor(i)`` back to back, which goes first
+    alternating pair by pair: rows whose seconds move with the load (installs, cold imports of
+    pandas and scikit-learn: ±1.5 s on this VM) meet the same moment as their floor.
+    Returns (ours, floor) as ``stats``."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i in range(reps):
+        for ours_now in (True, False) if i % 2 else (False, True):
+            (mine if ours_now else theirs).append(ours(i) if ours_now else floor(i))
+    return stats(mine), stats(theirs)
+
+
 def pip_workloads(
     who: str,
     w1: Callable[[list[str], list[str], int], float],

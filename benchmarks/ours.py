@@ -44,6 +44,7 @@ from _common import (
     error_runs,
     hash_and_copy,
     import_all,
+    in_turns,
     noop,
     pinned,
     pipe_rtt,
@@ -182,17 +183,12 @@ class Ours:
         for label, packages, modules, runs in (
             ("W1", SMALL, SMALL, r["pip"]),
             ("W1n", NUMPY, NUMPY, r["numpy"]),
-            ("W9", DATA, DATA_MODULES, r["numpy"]),
+            ("W9", DATA, DATA_MODULES, r["w9"]),
         ):
             progress(f"ours {label} cold")
-            self.floors[f"{label} cold"] = stats(
-                repeat(
-                    runs,
-                    lambda _i, p=packages, m=modules: floor_env(
-                        self.tmp, self.fresh("uv"), p, modules=m
-                    ),
-                )
-            )
+
+            def floor(cache: Path, p: list[str] = packages, m: list[str] = modules) -> float:
+                return floor_env(self.tmp, cache, p, modules=m)
 
             # Cold: a new agent whose uv cache (the user's, as on a machine where uv never
             # ran) is new too; warm: the floor's warm cache, the same files.
@@ -201,21 +197,15 @@ class Ours:
                     env = self.pip(pinned(p, 100 + i))
                     return timed(lambda: self.call(import_all, env, m))
 
-            self.results[f"{label} cold"] = stats(repeat(runs, cold))
+            self.results[f"{label} cold"], self.floors[f"{label} cold"] = in_turns(
+                runs, cold, lambda _i, f=floor: f(self.fresh("uv"))
+            )
             if label == "W9":
                 progress("ours W9 CLI cold")
                 self.cli_rows("W9 CLI cold", self.reps["cli"], 300, lambda: self.fresh("uv"))
             progress(f"ours {label} warm")
             warm_cache = self.fresh("uv")
-            floor_env(self.tmp, warm_cache, packages, modules=modules)
-            self.floors[f"{label} warm"] = stats(
-                repeat(
-                    runs,
-                    lambda _i, p=packages, m=modules, c=warm_cache: floor_env(
-                        self.tmp, c, p, modules=m
-                    ),
-                )
-            )
+            floor(warm_cache)
             with uv_cache(warm_cache), self.agent() as client, self.executor(client):
                 self.call(import_all, self.pip(pinned(packages, 900)), modules)  # warms up
 
@@ -223,7 +213,9 @@ class Ours:
                     env = self.pip(pinned(p, 200 + i))
                     return timed(lambda: self.call(import_all, env, m))
 
-                self.results[f"{label} warm"] = stats(repeat(runs, warm))
+                self.results[f"{label} warm"], self.floors[f"{label} warm"] = in_turns(
+                    runs, warm, lambda _i, f=floor, c=warm_cache: f(c)
+                )
                 if label == "W1":
                     self.w2(client)
                     self.w3(client, warm_cache)
@@ -248,22 +240,19 @@ class Ours:
         ``runs`` pairs (3 in ``--quick`` too: one sample of a row that moves by ±5 % decided
         nothing), which of the two goes first alternating pair by pair; each row is the
         median of its samples."""
-        ours: list[float] = []
-        floor: list[float] = []
-        for i in range(runs):
-            where = root or self.fresh("cli")
+        roots = [root or self.fresh("cli") for _ in range(runs)]
+        for where in set(roots):
             subprocess.run(
                 [str(Path(sys.executable).parent / "jupyter-runtimeenv"), "list"],
                 env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(where)},
                 check=True,
                 capture_output=True,
             )
-            for ours_now in (False, True) if i % 2 == 0 else (True, False):
-                if ours_now:
-                    ours.append(self.cli(DATA, DATA_MODULES, base + i, cache(), where))
-                else:
-                    floor.append(floor_env(self.tmp, cache(), DATA, modules=DATA_MODULES))
-        self.results[key], self.floors[key] = stats(ours), stats(floor)
+        self.results[key], self.floors[key] = in_turns(
+            runs,
+            lambda i: self.cli(DATA, DATA_MODULES, base + i, cache(), roots[i]),
+            lambda _i: floor_env(self.tmp, cache(), DATA, modules=DATA_MODULES),
+        )
 
     def cli(
         self,
