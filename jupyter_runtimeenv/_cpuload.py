@@ -10,10 +10,9 @@ One reader for every caller; each caller states its own rule where it asks:
 - ``workers/protocol.Spin`` polls for a peer's next frame only while no task would wait for
   the CPU it takes (through a ``Gauge``: read at most every ``EVERY`` seconds per process,
   and sooner after a count that rose, so that a task woken for an instant does not stop the
-  polling for ``EVERY``).
+  polling for ``EVERY``). The driver reads it; its workers are told with each call.
 
-The workers load this file by path (``workers/_entry.py``), as they load ``protocol.py``:
-it imports only the standard library.
+It imports only the standard library.
 """
 
 from __future__ import annotations

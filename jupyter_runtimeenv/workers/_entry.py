@@ -292,31 +292,30 @@ def main(argv: list[str]) -> int:
     if args.get("zygote"):
         zygote(args)  # returns in a forked worker only, its modules loaded
     added = apply_sys_path(json.loads(os.environ.get(SYS_PATH_VAR) or "[]"), sys.path)
-    protocol, shm, loop, cpuload = _modules()
+    protocol, shm, loop = _modules()
     if os.environ.get(TREES_VAR):  # before any user code: writes to shared files copy first
         _cow().install_from_env()
     ensure_cloudpickle()
     # Takes the channel (not inherited by a task's children; /dev/null in a fork's).
-    spin = protocol.Spin(cpuload.Gauge())
+    spin = protocol.Spin(None)  # told by each call whether to poll (the driver reads the load)
     worker = loop.Worker(args["fd"], protocol, shm, exc_state, stdio_intact, spin)
     return start(worker, protocol, added, (args.get("lifeline"), args.get("parent", 0)))
 
 
-def _modules() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType]:
-    """The protocol, shared memory, serving and CPU load modules, loaded by path (once: a
-    forked worker has its template's)."""
+def _modules() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """The protocol, shared memory and serving modules, loaded by path (once: a forked
+    worker has its template's)."""
     loaded = []
     for name, path in (
         ("protocol", os.path.join(_HERE, "protocol.py")),
         ("shm", os.path.join(_HERE, "shm.py")),
         ("serve", os.path.join(_HERE, "_serve.py")),
-        ("cpuload", os.path.join(os.path.dirname(_HERE), "_cpuload.py")),
     ):
         module = sys.modules.get(f"_jupyter_runtimeenv_{name}")
         if module is None:
             module = _load_by_path(f"_jupyter_runtimeenv_{name}", path)
         loaded.append(module)
-    return loaded[0], loaded[1], loaded[2], loaded[3]
+    return loaded[0], loaded[1], loaded[2]
 
 
 def _cow() -> ModuleType:

@@ -234,6 +234,7 @@ class Worker:
         for kind, payload in self.reader.frames():
             if kind == P.CALL:
                 task_id, key, flags, count = P.CALL_HEAD.unpack_from(payload)
+                self.spin.told = flags & P.SPARE != 0  # for the wait after this call
                 start = P.CALL_HEAD.size
                 if count:
                     size = P.SPAN.size

@@ -94,21 +94,23 @@ class Channel:
 
     # -- sending (under the worker's send lock) ---------------------------------------------
 
-    def encode(self, tasks: Sequence[Task]) -> list[Packet]:
+    def encode(self, tasks: Sequence[Task], spare: bool = False) -> list[Packet]:
         """The packets that send ``tasks``' calls, in order, with what is due before them
         (FUNC for functions the worker lacks, FREE and DROP of segments). A packet's
         descriptors go with its first byte: a call naming a segment new to the worker
-        starts a packet of its own."""
+        starts a packet of its own. ``spare``: each call tells the worker a CPU is spare
+        (``protocol.SPARE``: it may poll for its next call)."""
         packets: list[Packet] = []
         # What ``notices`` looks at, first here: there is nothing to tell on most calls.
         current = self.notices() if self.results.freed or self._segments else []
+        base = protocol.SPARE if spare else 0
         for task in tasks:
             call = task.call
             if call.key in self._functions:
                 self._functions.move_to_end(call.key)
             else:
                 current += self._function(call)
-            flags = 0 if task.raw else protocol.RESULT_SHARED
+            flags = base if task.raw else base | protocol.RESULT_SHARED
             fds: list[int] = []
             segment = call.segment
             if call.spans and segment is not None:

@@ -210,8 +210,11 @@ class WorkerProcess(Answers):
             channel, sock = self.channel, self._sock
             if sock is None or self._stopping or channel is None:
                 return
+            # Whether a CPU is spare, as the gauge read it lately: the worker polls for its
+            # next call if so (the waiter for this one reads the same, ``read_answer``).
+            spare = self._spin.spare(time.perf_counter())
             try:  # as ``_send``, without a closure per call: this is on every round trip
-                for buffers, fds in channel.encode(tasks):
+                for buffers, fds in channel.encode(tasks, spare):
                     protocol.send(sock, buffers, fds)
             except OSError:
                 pass  # dying: the reader thread reports it

@@ -23,7 +23,11 @@ import pytest
 
 from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.workers import protocol
+from jupyter_runtimeenv.workers.channel import Channel
+from jupyter_runtimeenv.workers.future import RemoteFuture, Task
+from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.protocol import Reader, Spin
+from jupyter_runtimeenv.workers.serialize import dump_call
 
 IDLE = b"0.00 0.01 0.05 1/90 4242\n"
 BUSY = b"9.80 9.10 7.70 9/120 4242\n"
@@ -274,6 +278,42 @@ def test_a_reader_blocks_at_once_on_a_busy_machine(loadavg: Path) -> None:
             assert reader.wait(spin)
         rest.join()
         assert frames == [(protocol.FREE, b"abcd")]
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_worker_s_spin_polls_as_its_driver_said() -> None:
+    """A worker reads no gauge: each call tells it whether the driver's says a CPU is spare
+    (``protocol.SPARE``), so both ends poll or neither."""
+    spin = Spin(None)
+    assert not spin.spare(1.0)  # nothing said yet: never
+    spin.told = True
+    assert spin.spare(1.0)
+    spin.told = False
+    assert not spin.spare(1.0)
+
+
+@pytest.mark.parametrize("spare", [True, False])
+def test_each_call_says_what_the_driver_read(spare: bool) -> None:
+    ours, theirs = pair()
+    try:
+        channel = Channel(ours, os.getpid())
+        future: RemoteFuture[Any] = RemoteFuture("noop")
+        task = Task(b"", future, OutputTarget.capture("noop"))
+        task.payload = dump_call(task.id, len, ((),), {}, "noop")
+        calls = []
+        for buffers, _fds in channel.encode([task, task], spare):
+            reader = Reader(theirs)
+            protocol.send(ours, buffers)
+            while not (frames := reader.frames()):
+                reader.pump()
+            calls += [p for kind, p in frames if kind == protocol.CALL]
+        assert len(calls) == 2
+        for payload in calls:
+            flags = protocol.CALL_HEAD.unpack_from(payload)[2]
+            assert bool(flags & protocol.SPARE) is spare
+            assert flags & protocol.RESULT_SHARED  # the others kept
     finally:
         ours.close()
         theirs.close()
