@@ -147,13 +147,20 @@ class Builds(AgentCore):
                 done.set_result(None)
             if self._builds.get(env_id) is this:
                 del self._builds[env_id]
-        # Only what added to the cache meanwhile can have taken it over its cap (the sum is a
-        # query in a thread, which contended with the new env's first worker for the GIL).
-        if (
-            self._resources.commits != commits
-            and not self._stopping
-            and await asyncio.to_thread(cache.total_bytes) > self.max_cache_bytes
-        ):
+        # Only what added to the cache meanwhile can have taken it over its cap: measured
+        # in the agent's measuring thread, after the build (``sizes.py``).
+        if self._resources.commits != commits and not self._stopping:
+            loop = asyncio.get_running_loop()
+
+            def over_cap() -> None:  # in the measuring thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._over_cap)
+
+            self._sizes.after_build(cache, self.max_cache_bytes, over_cap)
+
+    def _over_cap(self) -> None:
+        """The measuring thread found the cache over its cap (on the loop)."""
+        if not self._stopping:
             self._spawn(self.gc())
 
     def _fail(self, env_id: str, error: BuildError) -> None:

@@ -72,6 +72,11 @@ def _open_index(db: sqlite3.Connection) -> None:
             db.executescript(_SCHEMA)
             db.execute(ANSWERS_TABLE)  # the CLI's answers to cached builds (``answers``)
             db.execute("CREATE INDEX IF NOT EXISTS answers_by_env ON answers (env_id)")
+            # The resources whose size is still to be measured (``measure_pending``, which
+            # every listing calls): none, nearly always, found without a scan.
+            db.execute(
+                "CREATE INDEX IF NOT EXISTS resources_unmeasured ON resources (uri) WHERE size < 0"
+            )
             return
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -35,6 +36,11 @@ def resource_key(uri: str) -> str:
     return hashlib.sha256(uri.encode()).hexdigest()[:32]
 
 
+#: The size of a resource committed without one, until a reader or the agent's ``Sizes``
+#: measures it (``measure_pending``): its walk is not on the build's path.
+UNMEASURED = -1
+
+
 def dir_size(path: Path) -> int:
     """Bytes used by the files below ``path`` (hardlinked files counted once).
 
@@ -42,12 +48,21 @@ def dir_size(path: Path) -> int:
     files and broken ones too, not links to directories, which are not followed; a file
     that cannot be stat'ed is skipped, and so is a directory that cannot be listed to its
     end, with what is below it. Read from ``os.scandir``'s entries, with no path joined
-    and ``lstat``'ed per file: a built pip env is ~6,000 files and this walk is on the
-    path of every build (``tests/agent/test_dir_size.py`` compares it with ``os.walk``)."""
+    and ``lstat``'ed per file: a built pip env is ~6,000 files (``tests/agent/
+    test_dir_size.py`` compares it with ``os.walk``)."""
+    size = _walk_size(path, None)
+    assert size is not None  # nothing stops it
+    return size
+
+
+def _walk_size(path: Path, stop: threading.Event | None) -> int | None:
+    """``dir_size``, or None as soon as ``stop`` is set (looked at once per directory)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     stack = [os.fspath(path)]
     while stack:
+        if stop is not None and stop.is_set():
+            return None
         files: list[os.stat_result] = []
         below: list[str] = []
         try:
@@ -117,14 +132,18 @@ class ResourceIndex(Index):
         return path
 
     def commit(self, plugin: str, uri: str, tmp: Path, size: int | None) -> Path:
-        """Move a finished build into place and record it; the last step of every build."""
+        """Move a finished build into place and record it; the last step of every build.
+        ``size``: its bytes if the plugin knows them, else it is measured later."""
         final = self.resource_path(plugin, uri)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # a stale directory the index does not know: never trust it
             shutil.rmtree(final)
         os.rename(tmp, final)
+        # Not measured here: a pip env of pandas and scikit-learn is ~6,000 files, a walk of
+        # ~40 ms on every such build's path to READY; readers measure it (``measure_pending``)
+        # and so does the agent, after the build (``sizes.Sizes``).
         if size is None or size <= 0:
-            size = dir_size(final)
+            size = UNMEASURED
         now = time.time()
         with self._tx() as db:
             db.execute(
@@ -140,12 +159,30 @@ class ResourceIndex(Index):
                 "UPDATE resources SET last_used = ? WHERE uri = ?", [(now, u) for u in uris]
             )
 
-    def total_bytes(self) -> int:
+    def measure_pending(self, stop: threading.Event | None = None) -> bool:
+        """Measure the resources committed without a size (``UNMEASURED``), each walked
+        without the index's lock; False if ``stop`` was set first (what is left stays
+        unmeasured). A resource evicted meanwhile is not brought back."""
         with self._lock:
-            row = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM resources").fetchone()
+            rows = self._db.execute("SELECT uri, path FROM resources WHERE size < 0").fetchall()
+        for uri, path in rows:
+            size = _walk_size(Path(path), stop)
+            if size is None:
+                return False
+            with self._tx() as db:
+                db.execute("UPDATE resources SET size = ? WHERE uri = ? AND size < 0", (size, uri))
+        return True
+
+    def total_bytes(self) -> int:
+        self.measure_pending()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(MAX(size, 0)), 0) FROM resources"
+            ).fetchone()
         return int(row[0])
 
     def resources(self) -> list[dict[str, Any]]:
+        self.measure_pending()
         with self._lock:
             rows = self._db.execute(
                 "SELECT uri, plugin, path, size, created, last_used FROM resources"
@@ -215,9 +252,10 @@ class ResourceIndex(Index):
         """Unreferenced resources, least recently used first, whose removal brings the cache
         to at most ``max_bytes``."""
         self.drop_dead_pins()
+        self.measure_pending()
         with self._lock:
             rows = self._db.execute(
-                "SELECT uri, plugin, path, size FROM resources ORDER BY last_used, created"
+                "SELECT uri, plugin, path, MAX(size, 0) FROM resources ORDER BY last_used, created"
             ).fetchall()
         referenced = self._referenced_uris()
         total = sum(r[3] for r in rows)
@@ -233,6 +271,7 @@ class ResourceIndex(Index):
 
     def resource(self, uri: str) -> dict[str, Any] | None:
         """The index row of a complete resource (uri, plugin, path, size), or None."""
+        self.measure_pending()
         with self._lock:
             row = self._db.execute(
                 "SELECT uri, plugin, path, size FROM resources WHERE uri = ?", (uri,)

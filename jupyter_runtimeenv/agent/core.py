@@ -28,6 +28,7 @@ from .limits import Limiter
 from .parsing import DEFAULT_MAX_PARSES, DEFAULT_PARSE_TIMEOUT, ParseRunner
 from .private import describe
 from .resources import Resources
+from .sizes import Sizes
 from .state import EnvRecord, EnvStateMachine, Transition
 
 DEFAULT_MAX_CACHE_BYTES = 10 * 2**30
@@ -73,6 +74,7 @@ class AgentCore:
         self._stopping = False
         self._holder_listeners: list[Callable[[str], None]] = []
         self._detach_store: Callable[[], None] = lambda: None
+        self._sizes = Sizes()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -97,6 +99,7 @@ class AgentCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(self._sizes.stop)
         self.events.close()
         await asyncio.to_thread(self._detach_store)  # removes spare trees: blocking
         if self._cache is not None:
