@@ -14,8 +14,9 @@ exactly its size), hashed, written, given its mode and the stamp; its (index, sh
 inode, ctime_ns) is in the job's answer, sent after its last frame. Anything else (a file
 that changed, a read or write error) removes the claimed file and leaves it out of the
 answer: the caller reads it itself, and meets the error there. The program ends at the end
-of its input (the caller gone) or after ``IDLE_S`` without a job. It imports only the
-modules it uses (its start, ~15 ms, is on the path of a process's first large tree).
+of its input (the caller gone) or after ``IDLE_S`` without a job (an argument ``0``: never,
+a helper its caller keeps ready and ends itself, ``_hashhelp.keep``). It imports only the
+modules it uses (its start, ~15 ms, is on the path of a tree that finds no helper ready).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import select
 import stat
 import struct
+import sys
 
 #: Seconds without a job after which the helper ends (the next job starts another).
 IDLE_S = 20.0
@@ -115,8 +117,9 @@ def main() -> None:
     os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 3))
     umask = os.umask(0o077)
     os.umask(umask)
+    idle_s = float(sys.argv[1]) if len(sys.argv) > 1 else IDLE_S
     while True:
-        ready, _, _ = select.select([0], [], [], IDLE_S)
+        ready, _, _ = select.select([0], [], [], idle_s if idle_s > 0 else None)
         if not ready:
             return
         done: list[Done] = []

@@ -13,7 +13,9 @@ once per process with ``posix_spawn`` and ended after ``_hash_child.IDLE_S`` idl
 end of its input) takes the files from the front, sent to it directory by directory while
 the walk goes on, and this thread takes them from the back after the walk; each file is
 claimed by creating it in the lay-out (``O_EXCL``), so the two meet without talking. The
-helper's answer is each file it did: (sha256, inode, ctime_ns as written). Any file neither
+helper's answer is each file it did: (sha256, inode, ctime_ns as written). While an agent runs
+in this process one helper is kept ready (``keep``: started with the agent, not on the path
+of its first large tree). Any file neither
 finished (a read or write error, a file that changed, the helper gone) is then done here by
 ``_hashing``'s own path, which raises what it raises for it; a failure here, or in the walk,
 stops the helper (SIGKILL) before the lay-out is removed.
@@ -40,7 +42,7 @@ from ._blobs import BLOB_MTIME_NS
 from ._hash_child import HEAD, read_exactly
 from ._layout import Layer
 
-__all__ = ["ENV_VAR", "STREAM_FROM", "Helper", "Stream", "claim", "give_back", "take"]
+__all__ = ["ENV_VAR", "STREAM_FROM", "Helper", "Stream", "claim", "give_back", "keep", "take"]
 
 #: Set to 0 to hash every tree in this process's threads (no helper).
 ENV_VAR = "JUPYTER_RUNTIMEENV_HASH_HELPER"
@@ -59,9 +61,10 @@ _WHOLE_MAX = 8 << 20
 
 
 class Helper:
-    """The helper process: ``pid`` and the two ends of its pipes."""
+    """The helper process: ``pid`` and the two ends of its pipes. ``lasting``: it never
+    ends itself for being idle (one kept ready, ``keep``: this process ends it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lasting: bool = False) -> None:
         to_r, self.to_w = os.pipe()
         self.from_r, from_w = os.pipe()
         # A job is ~100 bytes a file: a pipe of the default 64 KiB would hold the sender
@@ -71,7 +74,7 @@ class Helper:
         try:
             self.pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-I", "-S", _CHILD],
+                [sys.executable, "-I", "-S", _CHILD, *(["0"] if lasting else [])],
                 os.environ,
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, to_r, 0),
@@ -86,6 +89,7 @@ class Helper:
         finally:
             os.close(to_r)
             os.close(from_w)
+        self.lasting = lasting
         #: A job was sent whose answer is not read yet.
         self.pending = False
         #: Since when it is idle (``time.monotonic``, set by ``give_back``); None in use.
@@ -147,6 +151,8 @@ _lock = threading.Lock()
 #: Notified when a helper is stopped (its retirer returns).
 _changed = threading.Condition(_lock)
 _idle: list[Helper] = []  # at most one, not in use
+#: How many callers of ``keep`` want a helper ready: while any does, none is retired.
+_kept = 0
 
 
 def take() -> Helper | None:
@@ -162,9 +168,55 @@ def take() -> Helper | None:
             return helper
         helper.stop(kill=helper.pending)  # gone, or stuck (stopped?) for seconds
     try:
-        return Helper()
+        return Helper(lasting=_kept > 0)
     except OSError:
         return None
+
+
+def keep() -> Callable[[], None]:
+    """Keep a helper ready until the function returned is called: one is started now if
+    none is idle, and none is retired while any caller keeps one; the last caller's call
+    stops the idle one. Who calls it: ``_store.attach`` (an agent's start; its undo at the
+    agent's stop): the trees its process hashes into lay-outs from then on.
+
+    Why: a helper's start (a python and hashlib's import, ~15 ms of a core, 2026-12-04) was
+    on the path of a process's first large tree, +17-21 ms on W5 first, and a user's first
+    working_dir came long after the agent's start, with no helper (retired ``RETIRE_S``
+    after a tree). ``posix_spawn`` returns once the child runs its program (~0.4 ms here);
+    the rest of its start runs on its own. Nothing is started with ``ENV_VAR`` 0, nor when
+    no helper can start (``take`` then tries again, or the trees hash on threads).
+    """
+    global _kept
+    if os.environ.get(ENV_VAR, "1") == "0" or not sys.executable:
+        return lambda: None
+    with _changed:
+        _kept += 1
+        old = _idle.pop() if _idle and not _idle[0].lasting else None  # it would end itself
+        start = not _idle
+    if old is not None:
+        old.stop()
+    if start:
+        try:
+            helper = Helper(lasting=True)
+        except OSError:
+            pass
+        else:
+            give_back(helper)
+    released = False
+
+    def release() -> None:
+        global _kept
+        nonlocal released
+        with _changed:
+            if released:
+                return
+            released = True
+            _kept = max(_kept - 1, 0)
+            idle = _idle.pop() if _idle and not _kept else None
+        if idle is not None:
+            idle.stop()
+
+    return release
 
 
 def give_back(helper: Helper) -> None:
@@ -195,8 +247,9 @@ def _retire_when_idle(helper: Helper) -> None:
     with _changed:
         while not helper.stopped:
             # Not woken by ``give_back`` (a thread woken there would take the GIL from the
-            # caller's digest): while the helper is in use it looks every ``RETIRE_S / 4``.
-            since = helper.idle_since
+            # caller's digest): while the helper is in use, or kept ready (``keep``), it
+            # looks every ``RETIRE_S / 4``.
+            since = None if _kept else helper.idle_since
             left = RETIRE_S / 4 if since is None else since + RETIRE_S - time.monotonic()
             if left > 0:
                 _changed.wait(left)
@@ -211,7 +264,8 @@ def _retire_when_idle(helper: Helper) -> None:
 
 def _forget_in_child() -> None:
     # A forked child has copies of the pipes: closed, so the helper still ends with us.
-    global _lock, _changed
+    global _lock, _changed, _kept
+    _kept = 0
     for helper in _idle:
         for fd in (helper.to_w, helper.from_r):
             with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import BuildError
-from . import _blobs, _layout, _statcache
+from . import _blobs, _hashhelp, _layout, _statcache
 from ._blobs import BLOB_MTIME_NS
 from ._hashing import WHOLE_MAX, FileEntry, Tree
 
@@ -78,15 +78,18 @@ def attach(cache_root: Path) -> Callable[[], None]:
     """Make ``cache_root``'s store the one specs parsed in this process store into; returns
     the function that undoes it, which also runs ``detach_hooks`` (``_spares`` removes its
     spare trees of that store: it blocks, call it in a thread). Called by the agent on
-    start (the undo on stop)."""
+    start (the undo on stop). Meanwhile a hash helper is kept ready (``_hashhelp.keep``):
+    a large new tree parsed here is read into its lay-out with it."""
     store = str(blob_dir(cache_root))
     with _attached_lock:
         _attached.append(store)
+    release_helper = _hashhelp.keep()
 
     def detach() -> None:
         with _attached_lock:
             if store in _attached:
                 _attached.remove(store)
+        release_helper()
         for hook in list(detach_hooks):
             hook(store)
 

@@ -1,0 +1,154 @@
+"""A hash helper kept ready while an agent runs in this process (``_hashhelp.keep``, from
+``_store.attach``): started with the agent, neither retired nor ending itself while it runs,
+stopped with it, gone with its process; where none can start, trees hash on threads.
+
+Real parts: real agents, the real helper process, real files and content store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_hashhelp import hashed, no_helper, running, source
+
+from jupyter_runtimeenv.plugins import _hash_child, _hashhelp, _hashing, _spares, _store
+
+
+def gone(pid: int, within: float = 30.0) -> bool:
+    """Whether ``pid`` is gone and reaped (a zombie's /proc entry stays until then)."""
+    deadline = time.monotonic() + within
+    while os.path.exists(f"/proc/{pid}"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+async def test_an_agent_has_a_helper_ready_before_its_first_tree_until_its_stop(
+    tmp_path: Path, make_agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's start starts the helper (its start, a python and hashlib's import, was
+    on the path of the process's first large tree), the first large tree parsed takes that
+    one, and it is kept past its retirement while the agent runs; the agent's stop ends and
+    reaps it."""
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
+    agent = await make_agent()
+    (helper,) = _hashhelp._idle
+    assert running(helper.pid)
+    taken: list[_hashhelp.Helper | None] = []
+    take = _hashhelp.take
+
+    def taking() -> _hashhelp.Helper | None:
+        taken.append(take())
+        return taken[-1]
+
+    src = source(tmp_path / "src")
+    _hashing.forget_stat_cache()
+    with monkeypatch.context() as mp:
+        mp.setattr(_hashhelp, "take", taking)  # observed only
+        await asyncio.to_thread(agent.parse, {"working_dir": str(src)})
+    assert taken == [helper]
+    await asyncio.sleep(1.0)  # five retirements
+    assert _hashhelp._idle == [helper]
+    assert running(helper.pid)
+    await agent.stop()
+    assert gone(helper.pid), "the agent's stop left its helper"
+    assert _hashhelp._idle == []
+
+
+def test_a_helper_is_kept_while_any_agent_runs(tmp_path: Path) -> None:
+    """Two agents of one process (two caches): one helper, ended with the last of them,
+    whichever order they stop in."""
+    no_helper()
+    first = _store.attach(tmp_path / "one")
+    (helper,) = _hashhelp._idle
+    second = _store.attach(tmp_path / "two")
+    assert _hashhelp._idle == [helper]
+    first()
+    first()  # a second undo is a no-op: it does not end the other agent's helper
+    assert _hashhelp._idle == [helper]
+    assert running(helper.pid)
+    second()
+    assert gone(helper.pid)
+    assert _hashhelp._idle == []
+
+
+def test_a_kept_helper_never_ends_itself_for_being_idle() -> None:
+    """The helper program ends itself after ``IDLE_S`` without a job, unless told ``0`` (a
+    helper kept ready: its caller ends it); either ends with its input."""
+    child = str(Path(_hash_child.__file__))
+    quick = subprocess.Popen([sys.executable, "-I", "-S", child, "0.2"], stdin=subprocess.PIPE)
+    kept = subprocess.Popen([sys.executable, "-I", "-S", child, "0"], stdin=subprocess.PIPE)
+    try:
+        assert quick.wait(30) == 0
+        time.sleep(1.0)
+        assert kept.poll() is None
+    finally:
+        for proc in (quick, kept):
+            assert proc.stdin is not None
+            proc.stdin.close()
+    assert kept.wait(30) == 0
+
+
+KEEP_AND_WAIT = """
+import sys
+from pathlib import Path
+from jupyter_runtimeenv.plugins import _hashhelp, _store
+_store.attach(Path(sys.argv[1]))
+print(_hashhelp._idle[0].pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_kept_helper_dies_with_its_process(tmp_path: Path) -> None:
+    """SIGKILL of a process that keeps a helper ready (a kernel with its agent): the helper
+    ends too (its input closed), it does not wait for its retirement."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", KEEP_AND_WAIT, str(tmp_path / "cache")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    helper = int(child.stdout.readline())
+    assert running(helper)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    deadline = time.monotonic() + 30
+    while running(helper):
+        assert time.monotonic() < deadline, "the helper outlived its process"
+        time.sleep(0.01)
+
+
+def test_where_no_helper_can_start_a_large_tree_hashes_on_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's start where the helper cannot start (no interpreter at
+    ``sys.executable``) starts nothing and fails nothing; its first large tree is laid out
+    by this process's threads, the lay-out and digest the same as with a helper."""
+    no_helper()
+    cache = tmp_path / "cache"
+    (cache / "tmp").mkdir(parents=True)
+    src = source(tmp_path / "src")
+    with_helper, _layout = hashed(src, cache, "with", True)
+    no_helper()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    detach = _store.attach(cache)
+    try:
+        assert _hashhelp._idle == []
+        tree, layout = hashed(src, cache, "without", True)
+        assert _hashhelp._idle == []
+    finally:
+        detach()
+        _spares.drop(str(_store.blob_dir(cache)))
+    assert layout.done
+    assert tree == with_helper
