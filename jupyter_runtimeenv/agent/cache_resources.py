@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from .cache_index import Index
+from .flock import FileLock
 from .pgroups import owner_alive, self_identity
 
 
@@ -119,12 +118,10 @@ class ResourceIndex(Index):
             return None
         return Path(row[0])
 
-    def lock_for(self, uri: str) -> filelock.FileLock:
-        # Not thread-local: the agent acquires and releases through asyncio.to_thread, which
-        # may use two different pool threads.
-        return filelock.FileLock(
-            str(self.root / "locks" / f"{resource_key(uri)}.lock"), thread_local=False
-        )
+    def lock_for(self, uri: str) -> FileLock:
+        # Not tied to a thread: the agent acquires and releases through asyncio.to_thread,
+        # which may use two different pool threads.
+        return FileLock(str(self.root / "locks" / f"{resource_key(uri)}.lock"))
 
     def new_tmp(self) -> Path:
         path = self.root / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"

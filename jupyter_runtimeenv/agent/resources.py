@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from ..errors import BuildError, PluginNotFound
 from ..plugins.base import RuntimeEnvPlugin, call_maybe_sync
 from ..plugins.registry import PluginRegistry
 from ..spec import RuntimeEnvSpec
 from .build import EnvLog, ResourceBuild
 from .cache import Cache
+from .flock import FileLock, LockTimeout
 from .limits import Limiter
 
 
@@ -142,7 +141,7 @@ class Resources:
         lock = cache.lock_for(uri)
         try:
             await asyncio.to_thread(lock.acquire, 0)
-        except filelock.Timeout:
+        except LockTimeout:
             return None
         try:
             row = await asyncio.to_thread(cache.resource, uri)
@@ -170,9 +169,7 @@ class Resources:
         return plugin
 
 
-async def _claim(
-    cache: Cache, uri: str, lock: filelock.FileLock
-) -> tuple[Path | None, Path | None]:
+async def _claim(cache: Cache, uri: str, lock: FileLock) -> tuple[Path | None, Path | None]:
     """``_try_claim`` in a thread; cancelled meanwhile, what it took is given back."""
     claim = asyncio.ensure_future(asyncio.to_thread(_try_claim, cache, uri, lock))
     try:
@@ -185,7 +182,7 @@ async def _claim(
         raise
 
 
-async def _claim_waiting(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path, bool]:
+async def _claim_waiting(cache: Cache, uri: str, lock: FileLock) -> tuple[Path, bool]:
     """Wait for ``lock`` (another process holds it), then ``(path, True)`` if the resource
     was made meanwhile (the lock released again), else ``(tmp, False)``, the lock kept."""
     await _acquire(lock)
@@ -200,7 +197,7 @@ async def _claim_waiting(cache: Cache, uri: str, lock: filelock.FileLock) -> tup
     return found, True
 
 
-def _try_claim(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path | None, Path | None]:
+def _try_claim(cache: Cache, uri: str, lock: FileLock) -> tuple[Path | None, Path | None]:
     """``(path, None)`` if the resource is in the cache; ``(None, tmp)``, ``lock`` taken and
     ``tmp`` an empty directory, if it is ours to create; ``(None, None)`` if another process
     holds the lock. Blocking (a thread)."""
@@ -209,7 +206,7 @@ def _try_claim(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path | 
         return found, None
     try:
         lock.acquire(timeout=0)
-    except filelock.Timeout:
+    except LockTimeout:
         return None, None
     try:
         found = cache.lookup(uri)  # created by another process before we took the lock
@@ -222,9 +219,7 @@ def _try_claim(cache: Cache, uri: str, lock: filelock.FileLock) -> tuple[Path | 
         raise
 
 
-def _commit(
-    cache: Cache, plugin: str, uri: str, tmp: Path, size: int, lock: filelock.FileLock
-) -> Path:
+def _commit(cache: Cache, plugin: str, uri: str, tmp: Path, size: int, lock: FileLock) -> Path:
     """Move the built ``tmp`` into place and record it, then drop what is left and the
     lock, whatever happened. Blocking (a thread)."""
     try:
@@ -233,7 +228,7 @@ def _commit(
         _drop(tmp, lock)
 
 
-def _drop(tmp: Path, lock: filelock.FileLock) -> None:
+def _drop(tmp: Path, lock: FileLock) -> None:
     """Remove ``tmp`` (if the commit did not rename it away) and release ``lock``."""
     try:
         shutil.rmtree(tmp, True)
@@ -241,11 +236,24 @@ def _drop(tmp: Path, lock: filelock.FileLock) -> None:
         lock.release()
 
 
-async def _acquire(lock: filelock.FileLock) -> None:
-    """Take a cross-process file lock without blocking the loop, staying cancellable."""
+async def _acquire(lock: FileLock) -> None:
+    """Take a cross-process file lock without blocking the loop, staying cancellable: a try
+    cut short by a cancel goes on in its thread, and what it takes is given back."""
     while True:
+        attempt = asyncio.ensure_future(asyncio.to_thread(lock.acquire, 0.2))
         try:
-            await asyncio.to_thread(lock.acquire, 0.2)
+            await asyncio.shield(attempt)
             return
-        except filelock.Timeout:
+        except LockTimeout:
             continue
+        except asyncio.CancelledError:
+            attempt.add_done_callback(_give_back(lock))
+            raise
+
+
+def _give_back(lock: FileLock) -> Callable[[asyncio.Future[None]], None]:
+    def done(attempt: asyncio.Future[None]) -> None:
+        if not attempt.cancelled() and attempt.exception() is None:
+            lock.release()  # an unlock and a close: it does not block the loop
+
+    return done

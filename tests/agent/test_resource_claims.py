@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import filelock
 import pytest
 from fakes import CountingPlugin, pid_file
 
+from jupyter_runtimeenv.agent.flock import FileLock
 from jupyter_runtimeenv.errors import BuildError, EnvNotFound
 from jupyter_runtimeenv.plugins import PluginRegistry
 
@@ -29,9 +29,9 @@ def _spec(name: str) -> dict[str, Any]:
     return {"counting": {"name": name, "bytes": 10}}
 
 
-def _other_process_lock(agent: Any, uri: str) -> filelock.FileLock:
+def _other_process_lock(agent: Any, uri: str) -> FileLock:
     """The resource's lock as another process takes it: its own descriptor (flock)."""
-    return filelock.FileLock(str(agent.cache.lock_for(uri).lock_file))
+    return FileLock(agent.cache.lock_for(uri).lock_file)
 
 
 async def test_a_free_lock_is_claimed_and_given_back(make_agent: MakeAgent, creates: Path) -> None:
