@@ -183,8 +183,10 @@ def keep() -> Callable[[], None]:
     on the path of a process's first large tree, +17-21 ms on W5 first, and a user's first
     working_dir came long after the agent's start, with no helper (retired ``RETIRE_S``
     after a tree). ``posix_spawn`` returns once the child runs its program (~0.4 ms here);
-    the rest of its start runs on its own. Nothing is started with ``ENV_VAR`` 0, nor when
-    no helper can start (``take`` then tries again, or the trees hash on threads).
+    the rest of its start runs on its own, and it is given back here, so its retirer
+    thread starts now too (not at the first tree's give-back); that thread sleeps while a
+    caller keeps one. Nothing is started with ``ENV_VAR`` 0, nor when no helper can start
+    (``take`` then tries again, or the trees hash on threads).
     """
     global _kept
     if os.environ.get(ENV_VAR, "1") == "0" or not sys.executable:
@@ -213,6 +215,7 @@ def keep() -> Callable[[], None]:
             released = True
             _kept = max(_kept - 1, 0)
             idle = _idle.pop() if _idle and not _kept else None
+            _changed.notify_all()  # a helper in use now retires as before
         if idle is not None:
             idle.stop()
 
@@ -246,10 +249,12 @@ def _retire_when_idle(helper: Helper) -> None:
     reap it; return when it is stopped (by this or by its user)."""
     with _changed:
         while not helper.stopped:
+            if _kept:  # kept ready (``keep``): woken by the last release, or by ``stop``
+                _changed.wait()
+                continue
             # Not woken by ``give_back`` (a thread woken there would take the GIL from the
-            # caller's digest): while the helper is in use, or kept ready (``keep``), it
-            # looks every ``RETIRE_S / 4``.
-            since = None if _kept else helper.idle_since
+            # caller's digest): while the helper is in use it looks every ``RETIRE_S / 4``.
+            since = helper.idle_since
             left = RETIRE_S / 4 if since is None else since + RETIRE_S - time.monotonic()
             if left > 0:
                 _changed.wait(left)

@@ -82,6 +82,24 @@ def test_a_helper_is_kept_while_any_agent_runs(tmp_path: Path) -> None:
     assert _hashhelp._idle == []
 
 
+def test_a_helper_in_use_when_its_agent_stops_retires_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stops while a tree is being hashed with the kept helper: it is not
+    stopped under that tree; given back, it is ended and reaped ``RETIRE_S`` later."""
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
+    detach = _store.attach(tmp_path / "cache")
+    helper = _hashhelp.take()
+    assert helper is not None
+    detach()
+    assert running(helper.pid)
+    assert helper.ready(1.0)
+    _hashhelp.give_back(helper)
+    assert gone(helper.pid), "the helper was not retired after its agent's stop"
+    assert _hashhelp._idle == []
+
+
 def test_a_kept_helper_never_ends_itself_for_being_idle() -> None:
     """The helper program ends itself after ``IDLE_S`` without a job, unless told ``0`` (a
     helper kept ready: its caller ends it); either ends with its input."""
