@@ -17,6 +17,10 @@ answer: the caller reads it itself, and meets the error there. The program ends 
 of its input (the caller gone) or after ``IDLE_S`` without a job (an argument ``0``: never,
 a helper its caller keeps ready and ends itself, ``_hashhelp.keep``). It imports only the
 modules it uses (its start, ~15 ms, is on the path of a tree that finds no helper ready).
+
+A job of one frame beginning with ``LINK`` is a spare tree to lay out (``link_tree``, for
+``_spares``: a thousand ``link`` calls on this core, not in a thread of the caller's, where
+each call gave the GIL back and waited for it again); its answer is None or the error.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ IDLE_S = 20.0
 HEAD = struct.Struct("!I")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: The first item of a link job's frame (a hash job's is its lay-out's absolute path).
+LINK = "link"
 
 File = tuple[int, str, str, int, int, int, int]
 Done = tuple[int, str, int, int]
@@ -112,6 +120,31 @@ def _run(root: str, stamp: int, files: list[File], umask: int, done: list[Done])
     return True
 
 
+def link_tree(store: str, path: str, dirs: list[str], links: list[tuple[str, str]]) -> str | None:
+    """Make the directory ``path`` (its parent exists), its ``dirs`` (parents first) and
+    each (blob, relative path) of ``links`` as a link to that blob of the blob directory
+    ``store``: a spare tree. None, or the error that stopped it (the caller removes what
+    was made)."""
+    try:
+        os.mkdir(path)
+        store_fd = os.open(store, _DIR)
+        try:
+            root_fd = os.open(path, _DIR)
+            try:
+                for rel_dir in dirs:
+                    os.mkdir(rel_dir, dir_fd=root_fd)
+                link = os.link
+                for blob, rel in links:
+                    link(blob, rel, src_dir_fd=store_fd, dst_dir_fd=root_fd)
+            finally:
+                os.close(root_fd)
+        finally:
+            os.close(store_fd)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def main() -> None:
     # Only its pipes: no descriptor its spawner let be inherited keeps anything open.
     os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 3))
@@ -123,15 +156,20 @@ def main() -> None:
         if not ready:
             return
         done: list[Done] = []
+        reply: list[Done] | str | None = done
         going = more = True
         while more:  # the frames of one job
             head = read_exactly(0, HEAD.size)
             body = read_exactly(0, HEAD.unpack(head)[0]) if head is not None else None
             if body is None:
                 return
-            root, stamp, files, more = marshal.loads(body)
+            frame = marshal.loads(body)
+            if frame[0] == LINK:  # a job of one frame
+                reply = link_tree(*frame[1:])
+                break
+            root, stamp, files, more = frame
             going = going and _run(root, stamp, files, umask, done)
-        answer = marshal.dumps(done)
+        answer = marshal.dumps(reply)
         view = memoryview(HEAD.pack(len(answer)) + answer)
         try:
             while view:

@@ -33,16 +33,26 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..spec.files import BadFile, open_regular
 from . import _blobs, _statcache
 from ._blobs import BLOB_MTIME_NS
-from ._hash_child import HEAD, read_exactly
+from ._hash_child import HEAD, LINK, read_exactly
 from ._layout import Layer
 
-__all__ = ["ENV_VAR", "STREAM_FROM", "Helper", "Stream", "claim", "give_back", "keep", "take"]
+__all__ = [
+    "ENV_VAR",
+    "STREAM_FROM",
+    "Helper",
+    "Stream",
+    "claim",
+    "give_back",
+    "keep",
+    "take",
+    "take_idle",
+]
 
 #: Set to 0 to hash every tree in this process's threads (no helper).
 ENV_VAR = "JUPYTER_RUNTIMEENV_HASH_HELPER"
@@ -115,6 +125,23 @@ class Helper:
             return None
         done: list[tuple[int, str, int, int]] = marshal.loads(body)
         return done
+
+    def link(
+        self, store: str, path: str, dirs: Sequence[str], links: list[tuple[str, str]]
+    ) -> str | None:
+        """Lay a spare tree out (``_hash_child.link_tree``) and wait for it: None, or the
+        error that stopped it; ``OSError`` if the helper is gone (stop it before removing
+        ``path``)."""
+        data = marshal.dumps((LINK, store, path, tuple(dirs), links))
+        _blobs.write_all(self.to_w, HEAD.pack(len(data)) + data)
+        self.pending = True
+        head = read_exactly(self.from_r, HEAD.size)
+        body = read_exactly(self.from_r, HEAD.unpack(head)[0]) if head is not None else None
+        if body is None:
+            raise OSError("the hash helper is gone")
+        self.pending = False
+        error: str | None = marshal.loads(body)
+        return error
 
     def ready(self, timeout: float) -> bool:
         """Whether it can take a job (the answer to the last one read first, waiting for it
@@ -242,6 +269,22 @@ def give_back(helper: Helper) -> None:
             target=_retire_when_idle, args=(helper,), name="jupyter-runtimeenv-hashhelp",
             daemon=True,
         ).start()  # fmt: skip
+
+
+def take_idle() -> Helper | None:
+    """The process's helper if one is idle and ready now (none is started here, nothing
+    waited for): for work this thread can do itself (a spare's links, ``_spares``)."""
+    with _lock:
+        helper = _idle.pop() if _idle else None
+        if helper is not None:
+            helper.idle_since = None
+    if helper is None or helper.ready(0):
+        return helper
+    if helper.pending and helper.alive():
+        give_back(helper)  # its last answer is still to come: for ``take``, which waits
+    else:
+        helper.stop()
+    return None
 
 
 def _retire_when_idle(helper: Helper) -> None:
