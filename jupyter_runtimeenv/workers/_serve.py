@@ -99,6 +99,11 @@ def failure(
     )
 
 
+#: Arguments' pickles up to this size are unpickled from a slice of their CALL (a copy: 0.45
+#: vs 0.88 us through a memoryview for an empty call's), larger ones through a view.
+_SLICED = 4096
+
+
 def _pickle(value: Any, callback: Any, oob: list[memoryview]) -> bytes:
     try:  # plain pickle is several times faster; cloudpickle for what it refuses
         return pickle.dumps(value, protocol=5, buffer_callback=callback)
@@ -286,8 +291,11 @@ class Worker:
             if type(function) is bytes:
                 function = self.functions[key] = pickle.loads(function)
             buffers = self.arguments.views(spans) if spans else None
-            with memoryview(payload) as view:
-                args, kwargs = pickle.loads(view[start:], buffers=buffers)
+            if len(payload) - start <= _SLICED:  # a copy of a few bytes: cheaper than a view
+                args, kwargs = pickle.loads(payload[start:], buffers=buffers)
+            else:
+                with memoryview(payload) as view:
+                    args, kwargs = pickle.loads(view[start:], buffers=buffers)
             del buffers
         except BaseException as exc:
             return P.frame(P.RAISE, self._failure("load", exc, 0, task_id)), None

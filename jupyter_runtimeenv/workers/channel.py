@@ -30,6 +30,15 @@ FUNCTION_CACHE_SIZE = 256
 
 Packet = tuple[list[Any], list[int]]
 _NO_SPANS = bytes(4)  # a RETURN_HEAD's buffer count of 0
+#: A CALL's flags by (``Task.raw``, a CPU spare), and what its one-call path packs with.
+_FLAGS = {
+    (raw, spare): (0 if raw else protocol.RESULT_SHARED) | (protocol.SPARE if spare else 0)
+    for raw in (False, True)
+    for spare in (False, True)
+}
+_CALL_HEAD = protocol.CALL_HEAD.pack
+_HEADER = protocol.HEADER.pack
+_SMALL = protocol._SMALL  # below it a frame is one buffer (``protocol.frame``)
 
 _arena: shm.Arena | None = None
 _arena_lock = threading.Lock()
@@ -100,6 +109,16 @@ class Channel:
         descriptors go with its first byte: a call naming a segment new to the worker
         starts a packet of its own. ``spare``: each call tells the worker a CPU is spare
         (``protocol.SPARE``: it may poll for its next call)."""
+        if len(tasks) == 1 and not self.results.freed and not self._segments:
+            call = tasks[0].call  # an idle worker's one call: the same frame, fewer steps
+            if not call.spans and call.key in self._functions:
+                self._functions.move_to_end(call.key)
+                flags = _FLAGS[tasks[0].raw, spare]
+                body = call.body
+                head = _CALL_HEAD(call.task_id, call.key, flags, 0)
+                size = len(head) + len(body)
+                if size < _SMALL:
+                    return [([_HEADER(protocol.CALL, size) + head + body], [])]
         packets: list[Packet] = []
         # What ``notices`` looks at, first here: there is nothing to tell on most calls.
         current = self.notices() if self.results.freed or self._segments else []

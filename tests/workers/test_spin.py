@@ -294,26 +294,32 @@ def test_a_worker_s_spin_polls_as_its_driver_said() -> None:
     assert not spin.spare(1.0)
 
 
+@pytest.mark.parametrize("raw", [False, True])
 @pytest.mark.parametrize("spare", [True, False])
-def test_each_call_says_what_the_driver_read(spare: bool) -> None:
+def test_each_call_says_what_the_driver_read(spare: bool, raw: bool) -> None:
+    """Through ``Channel.encode``'s general path (a batch, a function new to the worker) and
+    its one-call path (an idle worker's next call of a function it has): the same CALL."""
     ours, theirs = pair()
     try:
         channel = Channel(ours, os.getpid())
         future: RemoteFuture[Any] = RemoteFuture("noop")
-        task = Task(b"", future, OutputTarget.capture("noop"))
+        task = Task(b"", future, OutputTarget.capture("noop"), raw=raw)
         task.payload = dump_call(task.id, len, ((),), {}, "noop")
-        calls = []
-        for buffers, _fds in channel.encode([task, task], spare):
-            reader = Reader(theirs)
-            protocol.send(ours, buffers)
-            while not (frames := reader.frames()):
+        reader = Reader(theirs)
+        calls: list[bytes | bytearray] = []
+        for batch in ([task, task], [task]):
+            for buffers, _fds in channel.encode(batch, spare):
+                protocol.send(ours, buffers)
+            sent: list[bytes | bytearray] = []
+            while len(sent) < len(batch):
                 reader.pump()
-            calls += [p for kind, p in frames if kind == protocol.CALL]
-        assert len(calls) == 2
+                sent += [p for kind, p in reader.frames() if kind == protocol.CALL]
+            calls += sent
+        assert calls[0] == calls[1] == calls[2]  # the one-call path's frame is the same
         for payload in calls:
             flags = protocol.CALL_HEAD.unpack_from(payload)[2]
             assert bool(flags & protocol.SPARE) is spare
-            assert flags & protocol.RESULT_SHARED  # the others kept
+            assert bool(flags & protocol.RESULT_SHARED) is not raw  # the others kept
     finally:
         ours.close()
         theirs.close()
