@@ -13,11 +13,10 @@ once per process with ``posix_spawn`` and ended after ``_hash_child.IDLE_S`` idl
 end of its input) takes the files from the front, sent to it directory by directory while
 the walk goes on, and this thread takes them from the back after the walk; each file is
 claimed by creating it in the lay-out (``O_EXCL``), so the two meet without talking. The
-helper's answer is each file it did: (sha256, inode, ctime_ns as written). While an agent runs
-in this process one helper is kept ready (``keep``: started with the agent, not on the path
-of its first large tree). Any file neither
-finished (a read or write error, a file that changed, the helper gone) is then done here by
-``_hashing``'s own path, which raises what it raises for it; a failure here, or in the walk,
+helper's answer is each file it did: (sha256, inode, ctime_ns as written); while an agent
+runs in this process it is not retired (``keep``). Any file neither finished (a read or
+write error, a file that changed, the helper gone) is then done here by ``_hashing``'s own
+path, which raises what it raises for it; a failure here, or in the walk,
 stops the helper (SIGKILL) before the lay-out is removed.
 """
 
@@ -72,7 +71,8 @@ _WHOLE_MAX = 8 << 20
 
 class Helper:
     """The helper process: ``pid`` and the two ends of its pipes. ``lasting``: it never
-    ends itself for being idle (one kept ready, ``keep``: this process ends it)."""
+    ends itself for being idle (started while an agent runs, ``keep``: this process ends
+    it)."""
 
     def __init__(self, lasting: bool = False) -> None:
         to_r, self.to_w = os.pipe()
@@ -201,36 +201,23 @@ def take() -> Helper | None:
 
 
 def keep() -> Callable[[], None]:
-    """Keep a helper ready until the function returned is called: one is started now if
-    none is idle, and none is retired while any caller keeps one; the last caller's call
-    stops the idle one. Who calls it: ``_store.attach`` (an agent's start; its undo at the
-    agent's stop): the trees its process hashes into lay-outs from then on.
+    """No helper is retired until the function returned is called (by every caller of
+    ``keep``): the one a tree started stays ready for the next tree. Who calls it:
+    ``_store.attach`` (an agent's start; its undo at the agent's stop): the trees its
+    process hashes into lay-outs from then on. Nothing is started here: a process that
+    never hashes a large tree (a kernel or a CLI command with no ``working_dir``) has no
+    helper; helpers started meanwhile do not end themselves when idle. After the last
+    undo an idle helper is retired ``RETIRE_S`` after its last tree, by its retirer thread
+    (the undo neither stops it nor waits for it: an agent's stop, every CLI command's
+    path, took ~20 ms more when it did, the lead's measure of 7b41718).
 
-    Why: a helper's start (a python and hashlib's import, ~15 ms of a core, 2026-12-04) was
-    on the path of a process's first large tree, +17-21 ms on W5 first, and a user's first
-    working_dir came long after the agent's start, with no helper (retired ``RETIRE_S``
-    after a tree). ``posix_spawn`` returns once the child runs its program (~0.4 ms here);
-    the rest of its start runs on its own, and it is given back here, so its retirer
-    thread starts now too (not at the first tree's give-back); that thread sleeps while a
-    caller keeps one. Nothing is started with ``ENV_VAR`` 0, nor when no helper can start
-    (``take`` then tries again, or the trees hash on threads).
+    Why: a helper retired ``RETIRE_S`` after a tree made a user's next tree, usually
+    further apart in a notebook, pay a new helper's start (a python and hashlib's import,
+    15-30 ms here) on its path, as a process's first large tree still does.
     """
     global _kept
-    if os.environ.get(ENV_VAR, "1") == "0" or not sys.executable:
-        return lambda: None
     with _changed:
         _kept += 1
-        old = _idle.pop() if _idle and not _idle[0].lasting else None  # it would end itself
-        start = not _idle
-    if old is not None:
-        old.stop()
-    if start:
-        try:
-            helper = Helper(lasting=True)
-        except OSError:
-            pass
-        else:
-            give_back(helper)
     released = False
 
     def release() -> None:
@@ -241,10 +228,7 @@ def keep() -> Callable[[], None]:
                 return
             released = True
             _kept = max(_kept - 1, 0)
-            idle = _idle.pop() if _idle and not _kept else None
-            _changed.notify_all()  # a helper in use now retires as before
-        if idle is not None:
-            idle.stop()
+            _changed.notify_all()  # the retirers look again: from now on they retire
 
     return release
 

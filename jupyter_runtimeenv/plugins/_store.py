@@ -78,8 +78,8 @@ def attach(cache_root: Path) -> Callable[[], None]:
     """Make ``cache_root``'s store the one specs parsed in this process store into; returns
     the function that undoes it, which also runs ``detach_hooks`` (``_spares`` removes its
     spare trees of that store: it blocks, call it in a thread). Called by the agent on
-    start (the undo on stop). Meanwhile a hash helper is kept ready (``_hashhelp.keep``):
-    a large new tree parsed here is read into its lay-out with it."""
+    start (the undo on stop). Meanwhile the hash helper a large new tree started is kept
+    for the next one (``_hashhelp.keep``)."""
     store = str(blob_dir(cache_root))
     with _attached_lock:
         _attached.append(store)

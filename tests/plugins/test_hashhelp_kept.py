@@ -1,6 +1,7 @@
-"""A hash helper kept ready while an agent runs in this process (``_hashhelp.keep``, from
-``_store.attach``): started with the agent, neither retired nor ending itself while it runs,
-stopped with it, gone with its process; where none can start, trees hash on threads.
+"""The hash helper kept while an agent runs in this process (``_hashhelp.keep``, from
+``_store.attach``): none started by the agent, the one a tree started neither retired nor
+ending itself while it runs, retired after its stop, gone with its process; where none can
+start, trees hash on threads.
 
 Real parts: real agents, the real helper process, real files and content store.
 """
@@ -32,18 +33,17 @@ def gone(pid: int, within: float = 30.0) -> bool:
     return True
 
 
-async def test_an_agent_has_a_helper_ready_before_its_first_tree_until_its_stop(
+async def test_an_agent_keeps_the_helper_its_first_tree_started_until_its_stop(
     tmp_path: Path, make_agent: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The agent's start starts the helper (its start, a python and hashlib's import, was
-    on the path of the process's first large tree), the first large tree parsed takes that
-    one, and it is kept past its retirement while the agent runs; the agent's stop ends and
-    reaps it."""
+    """An agent's start starts no helper (a kernel or CLI command that parses no tree has
+    none: an extra process a kernel's interrupt left, tests/workers/test_interrupt.py); the
+    one its first large tree starts is kept past ``RETIRE_S`` while the agent runs and
+    taken by the next tree; after the agent's stop it is retired ``RETIRE_S`` later."""
     no_helper()
     monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
     agent = await make_agent()
-    (helper,) = _hashhelp._idle
-    assert running(helper.pid)
+    assert _hashhelp._idle == []
     taken: list[_hashhelp.Helper | None] = []
     take = _hashhelp.take
 
@@ -56,25 +56,35 @@ async def test_an_agent_has_a_helper_ready_before_its_first_tree_until_its_stop(
     with monkeypatch.context() as mp:
         mp.setattr(_hashhelp, "take", taking)  # observed only
         await asyncio.to_thread(agent.parse, {"working_dir": str(src)})
-    assert taken == [helper]
-    await asyncio.sleep(1.0)  # five retirements
-    assert _hashhelp._idle == [helper]
-    assert running(helper.pid)
+        (helper,) = taken
+        assert helper is not None
+        await asyncio.sleep(1.0)  # five retirements
+        assert _hashhelp._idle == [helper]
+        assert running(helper.pid)
+        _hashing.forget_stat_cache()
+        await asyncio.to_thread(agent.parse, {"working_dir": str(src), "excludes": ["x"]})
+    assert taken == [helper, helper]
     await agent.stop()
-    assert gone(helper.pid), "the agent's stop left its helper"
+    assert gone(helper.pid), "the helper was not retired after its agent's stop"
     assert _hashhelp._idle == []
 
 
-def test_a_helper_is_kept_while_any_agent_runs(tmp_path: Path) -> None:
-    """Two agents of one process (two caches): one helper, ended with the last of them,
-    whichever order they stop in."""
+def test_a_helper_is_kept_while_any_agent_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two agents of one process (two caches): the helper is kept until the last of them
+    stops, whichever order they stop in (a second undo is a no-op)."""
     no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
     first = _store.attach(tmp_path / "one")
-    (helper,) = _hashhelp._idle
     second = _store.attach(tmp_path / "two")
-    assert _hashhelp._idle == [helper]
+    assert _hashhelp._idle == []
+    helper = _hashhelp.take()
+    assert helper is not None
+    _hashhelp.give_back(helper)
     first()
-    first()  # a second undo is a no-op: it does not end the other agent's helper
+    first()
+    time.sleep(1.0)
     assert _hashhelp._idle == [helper]
     assert running(helper.pid)
     second()
@@ -122,7 +132,9 @@ import sys
 from pathlib import Path
 from jupyter_runtimeenv.plugins import _hashhelp, _store
 _store.attach(Path(sys.argv[1]))
-print(_hashhelp._idle[0].pid, flush=True)
+helper = _hashhelp.take()
+_hashhelp.give_back(helper)
+print(helper.pid, flush=True)
 sys.stdin.readline()
 """
 
@@ -150,9 +162,9 @@ def test_a_kept_helper_dies_with_its_process(tmp_path: Path) -> None:
 def test_where_no_helper_can_start_a_large_tree_hashes_on_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An agent's start where the helper cannot start (no interpreter at
-    ``sys.executable``) starts nothing and fails nothing; its first large tree is laid out
-    by this process's threads, the lay-out and digest the same as with a helper."""
+    """Where no helper can start (no interpreter at ``sys.executable``) an agent's first
+    large tree is laid out by this process's threads, the lay-out and digest the same as
+    with a helper, and nothing is kept."""
     no_helper()
     cache = tmp_path / "cache"
     (cache / "tmp").mkdir(parents=True)
