@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 from wheelhouse import make_wheelhouse, offline_installers
 
 from jupyter_runtimeenv.context import EnvContext, compose, process_env
+from jupyter_runtimeenv.plugins import _layout, _spares, _store
 
 # What the worker bootstrap does first (stdlib only): put the env's entries first.
 _PRELUDE = (
@@ -30,6 +31,21 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch, wheelhouse: Path) -> None:
     offline_installers(monkeypatch, wheelhouse)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A cache root with its ``tmp`` directory, for trees hashed, stored and laid out. After
+    the test its store's spares are dropped and every tree built is stored; in a module
+    that sets ``SPARES_LEFT = False``, nothing may be left in ``tmp`` either."""
+    root = tmp_path / "cache"
+    (root / "tmp").mkdir(parents=True)
+    yield root
+    store = str(_store.blob_dir(root))
+    _spares.drop(store)
+    assert _layout.pending(store) == 0
+    if not getattr(request.module, "SPARES_LEFT", True):
+        assert list((root / "tmp").iterdir()) == []  # no spare left behind
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +42,6 @@ from jupyter_runtimeenv.plugins._layout import LayOut
 from jupyter_runtimeenv.spec.files import BadFile
 
 FILES = 300  # over 2 * _hashhelp.STREAM_FROM: a stream begun during the walk
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "cache"
-    (root / "tmp").mkdir(parents=True)
-    yield root
-    _spares.drop(str(_store.blob_dir(root)))
 
 
 def source(root: Path) -> Path:

@@ -11,7 +11,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +24,6 @@ from jupyter_runtimeenv.spec.files import BadFile
 
 Agent = Callable[..., Any]
 FILES = 40  # over _hashing._THREADS_FROM: hashed on threads
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "cache"
-    (root / "tmp").mkdir(parents=True)
-    yield root
-    _spares.drop(str(_store.blob_dir(root)))
 
 
 def source(root: Path) -> Path:

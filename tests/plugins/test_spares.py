@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,8 @@ from jupyter_runtimeenv import _cpuload
 from jupyter_runtimeenv.plugins import _hashing, _spares, _store
 from jupyter_runtimeenv.plugins._hashing import Tree
 
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "cache"
-    (root / "tmp").mkdir(parents=True)
-    yield root
-    _spares.drop(str(_store.blob_dir(root)))
-    assert list((root / "tmp").iterdir()) == []  # no spare left behind
+#: No spare may be left in the cache's tmp after a test (``conftest.cache``).
+SPARES_LEFT = False
 
 
 def write(root: Path, files: dict[str, str | None]) -> None:

@@ -23,13 +23,8 @@ from jupyter_runtimeenv.plugins import _hashhelp, _hashing, _spares, _store
 FILES = 200  # at least _spares.HELPER_FROM
 
 
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "cache"
-    (root / "tmp").mkdir(parents=True)
-    yield root
-    _spares.drop(str(_store.blob_dir(root)))
-    assert list((root / "tmp").iterdir()) == []  # no spare left behind
+#: No spare may be left in the cache's tmp after a test (``conftest.cache``).
+SPARES_LEFT = False
 
 
 @pytest.fixture
@@ -99,6 +94,28 @@ def no_spare_left(cache: Path) -> None:
         time.sleep(0.01)
 
 
+def next_version(
+    src: Path, cache: Path, target: Path, family: str, change: dict[str, str | None]
+) -> _hashing.Tree:
+    """``change`` made in the source, its tree hashed and laid out at ``target`` (from the
+    spare when there is one): the same tree as a whole lay-out (``materialize``) makes."""
+    write(src, change)
+    time.sleep(0.01)
+    tree = hashed(src, cache)
+    target.mkdir()
+    _spares.lay_out(tree, cache, target, family)
+    whole = target.with_name(target.name + "-whole")
+    _store.materialize(tree, cache, whole)
+    assert shape(target) == shape(whole)
+    return tree
+
+
+def dropped(cache: Path, family: str) -> None:
+    """The spare of ``family`` was dropped, and what it made removed."""
+    assert _spares.spares() == [(str(_store.blob_dir(cache)), family, False)]
+    no_spare_left(cache)
+
+
 def test_a_large_spare_is_linked_by_the_idle_helper_and_is_the_whole_tree(
     tmp_path: Path, cache: Path, helper: _hashhelp.Helper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,15 +139,9 @@ def test_a_large_spare_is_linked_by_the_idle_helper_and_is_the_whole_tree(
     monkeypatch.undo()
     assert _hashhelp.take_idle() is helper  # given back
     _hashhelp.give_back(helper)
-    write(src, {"d4/sub0/f4.txt": "changed too\n", "d5/new.txt": "new\n", "d0/sub0/f0.txt": None})
-    time.sleep(0.01)
-    tree = hashed(src, cache)
+    change = {"d4/sub0/f4.txt": "changed too\n", "d5/new.txt": "new\n", "d0/sub0/f0.txt": None}
     target = tmp_path / "v2"
-    target.mkdir()
-    _spares.lay_out(tree, cache, target, family)  # from the helper's spare
-    whole = tmp_path / "whole"
-    _store.materialize(tree, cache, whole)
-    assert shape(target) == shape(whole)
+    tree = next_version(src, cache, target, family, change)  # from the helper's spare
     for entry in tree.entries:  # links to the blobs, as a whole lay-out makes them
         blob = Path(_store.blob_path(cache, entry.blob_name))
         assert (target / entry.rel).stat().st_ino == blob.stat().st_ino
@@ -147,19 +158,10 @@ def test_a_blob_gone_before_the_helper_links_it_drops_the_spare(
     tree = first_version(src, cache, tmp_path / "v0", family)
     os.unlink(_store.blob_path(cache, tree.entries[-1].blob_name))
     offer_and_wait(cache, family, tree)
-    assert _spares.spares() == [(str(_store.blob_dir(cache)), family, False)]
-    no_spare_left(cache)
+    dropped(cache, family)
     assert _hashhelp.take_idle() is helper  # its answer was read: still usable
     _hashhelp.give_back(helper)
-    write(src, {"d1/sub1/f1.txt": "changed\n"})
-    time.sleep(0.01)
-    tree = hashed(src, cache)
-    target = tmp_path / "v1"
-    target.mkdir()
-    _spares.lay_out(tree, cache, target, family)
-    whole = tmp_path / "whole"
-    _store.materialize(tree, cache, whole)
-    assert shape(target) == shape(whole)
+    next_version(src, cache, tmp_path / "v1", family, {"d1/sub1/f1.txt": "changed\n"})
 
 
 def test_a_helper_gone_during_a_spares_links_drops_the_spare(
@@ -180,16 +182,7 @@ def test_a_helper_gone_during_a_spares_links_drops_the_spare(
     monkeypatch.setattr(_hashhelp.Helper, "link", link)
     offer_and_wait(cache, family, tree)
     monkeypatch.undo()
-    assert _spares.spares() == [(str(_store.blob_dir(cache)), family, False)]
-    no_spare_left(cache)
+    dropped(cache, family)
     assert not os.path.exists(f"/proc/{helper.pid}")  # killed and reaped
     assert _hashhelp.take_idle() is None
-    write(src, {"d2/sub0/f2.txt": "changed\n"})
-    time.sleep(0.01)
-    tree = hashed(src, cache)
-    target = tmp_path / "v1"
-    target.mkdir()
-    _spares.lay_out(tree, cache, target, family)
-    whole = tmp_path / "whole"
-    _store.materialize(tree, cache, whole)
-    assert shape(target) == shape(whole)
+    next_version(src, cache, tmp_path / "v1", family, {"d2/sub0/f2.txt": "changed\n"})

@@ -40,15 +40,6 @@ from jupyter_runtimeenv.plugins._layout import LayOut
 FILES = 60  # over _hashing._THREADS_FROM: hashed (and written) on threads
 
 
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "cache"
-    (root / "tmp").mkdir(parents=True)
-    yield root
-    _spares.drop(str(_store.blob_dir(root)))
-    assert _layout.pending(str(_store.blob_dir(root))) == 0
-
-
 def source(root: Path) -> Path:
     """A tree with subdirectories, equal files, an executable, an owner-only file and one
     file larger than ``_hashing.WHOLE_MAX`` (hashed and written in chunks)."""
