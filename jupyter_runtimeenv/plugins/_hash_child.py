@@ -58,6 +58,13 @@ def read_exactly(fd: int, size: int) -> bytes | None:
     return data
 
 
+def read_frame(fd: int) -> bytes | None:
+    """The body of the next frame (a ``HEAD`` length, then that many bytes) read from ``fd``;
+    None at the end of its input."""
+    head = read_exactly(fd, HEAD.size)
+    return read_exactly(fd, HEAD.unpack(head)[0]) if head is not None else None
+
+
 def _copy(src: str, dev: int, ino: int, size: int, out: int) -> str | None:
     """sha256 of ``src`` written to ``out``; None if it is not that regular file whole."""
     fd = os.open(src, _READ)
@@ -159,8 +166,7 @@ def main() -> None:
         reply: list[Done] | str | None = done
         going = more = True
         while more:  # the frames of one job
-            head = read_exactly(0, HEAD.size)
-            body = read_exactly(0, HEAD.unpack(head)[0]) if head is not None else None
+            body = read_frame(0)
             if body is None:
                 return
             frame = marshal.loads(body)

@@ -38,7 +38,7 @@ from pathlib import Path
 from ..spec.files import BadFile, open_regular
 from . import _blobs, _statcache
 from ._blobs import BLOB_MTIME_NS
-from ._hash_child import HEAD, LINK, read_exactly
+from ._hash_child import HEAD, LINK, read_frame
 from ._layout import Layer
 
 __all__ = [
@@ -99,7 +99,6 @@ class Helper:
         finally:
             os.close(to_r)
             os.close(from_w)
-        self.lasting = lasting
         #: A job was sent whose answer is not read yet.
         self.pending = False
         #: Since when it is idle (``time.monotonic``, set by ``give_back``); None in use.
@@ -118,8 +117,7 @@ class Helper:
 
     def answer(self) -> list[tuple[int, str, int, int]] | None:
         """The answer to the job sent (blocking); None if the helper is gone."""
-        head = read_exactly(self.from_r, HEAD.size)
-        body = read_exactly(self.from_r, HEAD.unpack(head)[0]) if head is not None else None
+        body = read_frame(self.from_r)
         self.pending = False
         if body is None:
             return None
@@ -135,8 +133,7 @@ class Helper:
         data = marshal.dumps((LINK, store, path, tuple(dirs), links))
         _blobs.write_all(self.to_w, HEAD.pack(len(data)) + data)
         self.pending = True
-        head = read_exactly(self.from_r, HEAD.size)
-        body = read_exactly(self.from_r, HEAD.unpack(head)[0]) if head is not None else None
+        body = read_frame(self.from_r)
         if body is None:
             raise OSError("the hash helper is gone")
         self.pending = False
