@@ -93,7 +93,7 @@ def test_the_launcher_starts_a_cluster_kernel_and_a_cell_runs_on_a_node(
     kernels = lab.request("GET", "api/kernels")
     assert [k["name"] for k in kernels] == ["crunch"]
 
-    assert not ui.errors, ui.errors
+    assert not ui.faults(), ui.faults()
 
     # A kernel whose env cannot be built on the node: the start fails with one line
     # naming the node, in JupyterLab's dialog and in the sidebar (with the installer's tail).

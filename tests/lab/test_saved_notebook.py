@@ -136,4 +136,4 @@ def test_build_and_progress_widgets_read_after_a_server_restart(
     view.shot("02-reopened-light")
     view.theme("JupyterLab Dark")
     view.shot("03-reopened-dark")
-    assert not view.errors, view.errors
+    assert not view.faults(), view.faults()

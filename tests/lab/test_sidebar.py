@@ -116,7 +116,7 @@ def test_builds_failures_logs_and_gc(lab: Lab, new_page: Callable[[str], Page]) 
     assert lab.api("GET", "envs")["total"] == 0
     panel.locator(".jp-RuntimeEnv-gc").click()
     expect(toast(page, "Nothing to collect")).to_be_visible(timeout=20_000)
-    assert not view.errors, view.errors
+    assert not view.faults(), view.faults()
 
 
 def test_named_envs_grouped_by_notebook_busy_workers_and_holders_that_follow_kernels(
@@ -266,4 +266,4 @@ def test_save_environment_to_notebook_and_the_badge_on_reopen(
     title = badge.get_attribute("title") or ""
     assert "slow: alpha: 1.0 in the lock, 2.0 in the env" in title, title
     view.shot("12-badge-lock-differs-light-page")
-    assert not view.errors, view.errors
+    assert not view.faults(), view.faults()

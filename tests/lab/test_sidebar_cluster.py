@@ -109,4 +109,4 @@ def test_a_kernels_cluster_shows_its_nodes_envs_and_workers(
     for kernel in lab.request("GET", "api/kernels"):
         lab.request("DELETE", f"api/kernels/{kernel['id']}")
     assert wait_gone(started, timeout=60) == []
-    assert not view.errors, view.errors
+    assert not view.faults(), view.faults()
