@@ -63,21 +63,26 @@ def cpus() -> int:
 
 class Gauge:
     """``runnable()`` for a caller that asks on every wait (thousands of times a second):
-    ``least(now)`` is the lower of the latest count and the one read before it (if that one
-    is recent: within ``2 * EVERY``), read again ``RECHECK`` after a count that rose (or the
-    first after a pause), and after a count that did not rise twice as long after it as
-    the time before, up to ``EVERY``.
+    ``least(now)`` is the lowest of the latest count and the two read before it (those of
+    them that are recent: within ``2 * EVERY``), read again ``RECHECK`` after a count above
+    the lowest of those two (or the first after a pause), and after one that was not twice as
+    long after it as the time before, up to ``EVERY``.
 
-    Why two: the count is of one instant, and on a quiet machine the instant often holds a
-    task woken for a few microseconds (a kernel worker, a timer), which no one waits for. A
-    load that lasts is in both counts; an instant's is in one. Why read again soon: a burst
-    of a few milliseconds (a short command) is over before ``EVERY``; a load that lasts is
-    read every ``EVERY`` after the first ~30 ms. A quiet run of ``benchmarks/run.py --quick``
-    missed W2 when the count was read once per ``EVERY``: its 50 round trips take 4 ms, and
-    the one count read at their start was 3 on 2 CPUs (an instrumented copy of it, 15 runs
-    at load 0.3-4.6: 4 read 3 there, and their W2 was 0.07-0.20 ms, the others' 0.043-0.051).
-    On a loaded machine every count is high, so is the lower of two: nothing changes there
-    but a few more reads after each pause.
+    Why three: the count is of one instant, and on a quiet machine the instant often holds a
+    task woken for a few microseconds (a kernel worker, a timer, a thread of our own), which
+    no one waits for. A load that lasts is in every count; an instant's is in one, sometimes
+    two in a row (``RECHECK`` apart). With the lower of two, a quiet run of ``benchmarks/run.py
+    --quick`` still stopped polling for 20-40 of W2's 200 round trips at load ~1 (the lead's
+    probe of 2026-12-04 22:05: at those readings the only other runnable task was a kernel
+    thread, or none but ours), and W2's median went from ~0.058 to 0.064-0.067 ms. A rise is
+    believed at its third reading, ~2 ``RECHECK`` after the first: a lasting load (two
+    busy-loop hogs) is seen within ~2 ms of its start, and at once after a pause. Why read
+    again soon: a burst of a few milliseconds (a short command) is over before ``EVERY``; a
+    load that lasts is read every ``EVERY`` after the first ~30 ms. A quiet run missed W2 when
+    the count was read once per ``EVERY``: its then 50 round trips took 4 ms, and the one count
+    read at their start was 3 on 2 CPUs (15 runs at load 0.3-4.6: 4 read 3 there, and their
+    W2 was 0.07-0.20 ms, the others' 0.043-0.051). On a loaded machine every count is high, so
+    is the lowest of three: nothing changes there but a few more reads after each pause.
 
     Thread-safe: the state is one tuple, replaced whole; two threads may read at once.
     """
@@ -86,23 +91,41 @@ class Gauge:
 
     def __init__(self, path: str = LOADAVG) -> None:
         self.path = path
-        #: When read, until when kept, the least of the two counts, the latest count, the
-        #: CPUs, how long it was kept.
-        self._state: tuple[float, float, int | None, int | None, int, float] = (
+        #: When read, until when kept, the lowest of the three counts, the latest count, the
+        #: one before it and when it was read, the CPUs, how long it was kept.
+        self._state: tuple[float, float, int | None, int | None, int | None, float, int, float] = (
             -1.0,
             -1.0,
             None,
             None,
+            None,
+            -1.0,
             1,
             RECHECK,
         )
 
     def least(self, now: float) -> tuple[int | None, int]:
-        """The lower of the two latest counts (``None``: unknown) and the CPUs this process
+        """The lowest of the three latest counts (``None``: unknown) and the CPUs this process
         may use, as read at most ``EVERY`` before ``now`` (``time.perf_counter``)."""
-        when, until, least, latest, ncpu, kept = self._state
+        when, until, least, latest, before, before_when, ncpu, kept = self._state
         if when <= now < until:
             return least, ncpu
+        count = runnable(self.path)
+        ncpu = cpus()
+        # The two counts before this one, those recent enough to weigh against it.
+        low = latest if latest is not None and 0 <= now - when <= 2 * EVERY else None
+        if before is not None and 0 <= now - before_when <= 2 * EVERY:
+            low = before if low is None or before < low else low
+        if count is None:
+            least, kept = None, EVERY
+        elif low is None:  # the first after a pause: believed for ``RECHECK``
+            least, kept = count, RECHECK
+        elif count > low:  # above one of the two before: maybe an instant's, read again soon
+            least, kept = low, RECHECK
+        else:
+            least, kept = count, min(2 * kept, EVERY)
+        self._state = (now, now + kept, least, count, latest, when, ncpu, kept)
+        return least, ncpu
         count = runnable(self.path)
         ncpu = cpus()
         recent = latest if latest is not None and 0 <= now - when <= 2 * EVERY else None
