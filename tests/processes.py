@@ -71,13 +71,18 @@ def cmdline(proc: int | psutil.Process) -> list[str]:
         return []
 
 
+#: The last argument of a bootstrap's process that is no worker: a template that forks
+#: workers (``workers/zygote.py``), a hash helper a template forked (``plugins/_hashhelp``).
+NOT_WORKERS = (["--zygote"], ["--hasher"])
+
+
 def worker_children() -> list[psutil.Process]:
     """Our live worker processes (children running the bootstrap; not the templates that
-    fork workers, see ``workers/zygote.py``)."""
+    fork workers, nor the hash helpers forked from them)."""
     found = []
     for child in descendants():
         argv = cmdline(child)
-        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] != ["--zygote"]:
+        if any(part.endswith("_entry.py") for part in argv) and argv[-1:] not in NOT_WORKERS:
             found.append(child)
     return found
 

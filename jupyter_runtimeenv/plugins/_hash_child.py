@@ -2,21 +2,23 @@
 core of its own (``_hashhelp``). Standard library only; run as ``python -I -S <this file>``.
 
 Who runs it: ``_hashhelp.Helper`` (posix_spawn, its stdin and stdout are pipes to the
-caller). A job comes in frames (length-prefixed ``marshal``), each a lay-out directory, the
-blob stamp, files to do in that order, each (index, source, relative path, device, inode,
-size, mode), and whether more frames of the job follow (the caller's walk sends the files
-it finds as it goes). A file is *claimed* by creating it in the lay-out (``O_EXCL``): the
-caller claims the same files from the other end of the list, so each file is done by
-exactly one of them, and the first claim that finds the file there ends the job (they met:
-the frames still to come are read and left). A claimed file is read once (non-blocking,
-checked on the descriptor to be the regular file of that device, inode and size, read for
-exactly its size), hashed, written, given its mode and the stamp; its (index, sha256,
-inode, ctime_ns) is in the job's answer, sent after its last frame. Anything else (a file
-that changed, a read or write error) removes the claimed file and leaves it out of the
-answer: the caller reads it itself, and meets the error there. The program ends at the end
-of its input (the caller gone) or after ``IDLE_S`` without a job (an argument ``0``: never,
-a helper its caller keeps ready and ends itself, ``_hashhelp.keep``). It imports only the
-modules it uses (its start, ~15 ms, is on the path of a tree that finds no helper ready).
+caller), or a child forked from a warm zygote template of the same interpreter, which loads
+this file by path and calls ``main`` (``workers/_zygote.py``, ``_forks``). A job comes in
+frames (length-prefixed ``marshal``), each a lay-out directory, the blob stamp, files to do
+in that order, each (index, source, relative path, device, inode, size, mode), and whether
+more frames of the job follow (the caller's walk sends the files it finds as it goes). A
+file is *claimed* by creating it in the lay-out (``O_EXCL``): the caller claims the same
+files from the other end of the list, so each file is done by exactly one of them, and the
+first claim that finds the file there ends the job (they met: the frames still to come are
+read and left). A claimed file is read once (non-blocking, checked on the descriptor to be
+the regular file of that device, inode and size, read for exactly its size), hashed,
+written, given its mode and the stamp; its (index, sha256, inode, ctime_ns) is in the job's
+answer, sent after its last frame. Anything else (a file that changed, a read or write
+error) removes the claimed file and leaves it out of the answer: the caller reads it itself,
+and meets the error there. The program ends at the end of its input (the caller gone) or
+after ``IDLE_S`` without a job (an argument ``0``: never, a helper its caller keeps ready
+and ends itself, ``_hashhelp.keep``). It imports only the modules it uses (its start, ~15
+ms, is on the path of a tree that finds no helper ready).
 
 A job of one frame beginning with ``LINK`` is a spare tree to lay out (``link_tree``, for
 ``_spares``: a thousand ``link`` calls on this core, not in a thread of the caller's, where
@@ -152,12 +154,16 @@ def link_tree(store: str, path: str, dirs: list[str], links: list[tuple[str, str
     return None
 
 
-def main() -> None:
+def main(idle_s: float | None = None) -> None:
+    """The helper's life on its stdin and stdout: jobs until the end of its input, or
+    ``idle_s`` (else its argument, else ``IDLE_S``; ``0``: never) without one. Called as
+    the program, or in a child a warm template forked (``workers/_zygote.py``)."""
     # Only its pipes: no descriptor its spawner let be inherited keeps anything open.
     os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 3))
     umask = os.umask(0o077)
     os.umask(umask)
-    idle_s = float(sys.argv[1]) if len(sys.argv) > 1 else IDLE_S
+    if idle_s is None:
+        idle_s = float(sys.argv[1]) if len(sys.argv) > 1 else IDLE_S
     while True:
         ready, _, _ = select.select([0], [], [], idle_s if idle_s > 0 else None)
         if not ready:

@@ -8,16 +8,18 @@ Why a process: reading, hashing and writing a file is ~9 system calls, each rele
 taking the GIL again, plus ~15 us of Python. Two threads of one process then hand the GIL
 back and forth at every call, and on two cores a 1,000-file tree took as long on two threads
 as on one (tmpfs, 2026-12-04: 77-96 vs 76-84 ms), while two processes did the bare loop in
-half the time (28-40 vs 53-69 ms). So the helper (``_hash_child``, stdlib only, started
-once per process with ``posix_spawn`` and ended after ``_hash_child.IDLE_S`` idle or at the
-end of its input) takes the files from the front, sent to it directory by directory while
-the walk goes on, and this thread takes them from the back after the walk; each file is
-claimed by creating it in the lay-out (``O_EXCL``), so the two meet without talking. The
-helper's answer is each file it did: (sha256, inode, ctime_ns as written); while an agent
-runs in this process it is not retired (``keep``). Any file neither finished (a read or
-write error, a file that changed, the helper gone) is then done here by ``_hashing``'s own
-path, which raises what it raises for it; a failure here, or in the walk,
-stops the helper (SIGKILL) before the lay-out is removed.
+half the time (28-40 vs 53-69 ms). So the helper (``_hash_child``, stdlib only, started once
+per process: forked from a warm zygote template of this interpreter where one is up,
+``_forks``, 8-9 ms to its first answer, else a new interpreter, ``posix_spawn``, 15-30 ms;
+ended after ``_hash_child.IDLE_S`` idle or at the end of its input) takes the files from the
+front, sent to it directory by directory while the walk goes on, and this thread takes them
+from the back after the walk; each file is claimed by creating it in the lay-out
+(``O_EXCL``), so the two meet without talking. The helper's answer is each file it did:
+(sha256, inode, ctime_ns as written); while an agent runs in this process it is not retired
+(``keep``). Any file neither finished (a read or write error, a file that changed, the
+helper gone) is then done here by ``_hashing``'s own path, which raises what it raises for
+it; a failure here, or in the walk, stops the helper (SIGKILL) before the lay-out is
+removed.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .. import _forks
 from ..spec.files import BadFile, open_regular
-from . import _blobs, _statcache
+from . import _blobs, _hash_child, _statcache
 from ._blobs import BLOB_MTIME_NS
 from ._hash_child import HEAD, LINK, read_frame
 from ._layout import Layer
@@ -82,7 +85,9 @@ class Helper:
         with contextlib.suppress(OSError):
             fcntl.fcntl(self.to_w, _F_SETPIPE_SZ, _PIPE_SIZE)
         try:
-            self.pid = os.posix_spawn(
+            idle_s = 0.0 if lasting else _hash_child.IDLE_S
+            pid = _forks.fork_hash_helper(to_r, from_w, _CHILD, idle_s)
+            self.pid = pid or os.posix_spawn(
                 sys.executable,
                 [sys.executable, "-I", "-S", _CHILD, *(["0"] if lasting else [])],
                 os.environ,
@@ -92,6 +97,8 @@ class Helper:
                     (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
                 ],
             )
+            #: Forked from a warm template (``_forks``), not spawned.
+            self.forked = pid is not None
         except BaseException:
             os.close(self.to_w)
             os.close(self.from_r)

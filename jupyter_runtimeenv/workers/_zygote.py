@@ -42,6 +42,11 @@ environment (``os.environ``, so also what its children get), cwd, umask, limits,
 affinity, ``--forked`` in place of ``--zygote`` in its command line, and returns to
 ``_entry`` (sys.path, watchdog, setup hook, HELLO) like a spawned worker.
 
+A request whose JSON has ``hash`` (two descriptors: the pipes of a hash helper's stdin and
+stdout) makes the same kind of child, a spare or a fork, but that child runs the driver's hash
+helper program (``plugins/_hash_child.py``) instead of becoming a worker (``_be_hash_helper``):
+a process's first large tree then does not wait for a new interpreter to start.
+
 Where ``clone`` cannot be used as above (not Linux x86_64/aarch64 with glibc: the thread id
 that glibc caches must be set in the child), the HELLO says so and the driver spawns.
 """
@@ -49,6 +54,7 @@ that glibc caches must be set in the child), the HELLO says so and the driver sp
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import resource
@@ -73,6 +79,8 @@ _CLONE = {"x86_64": (56, 3), "aarch64": (220, 4)}
 #: The ``--zygote`` flag, replaced in a forked worker's command line (same length).
 ZYGOTE_FLAG = b"--zygote"
 FORKED_FLAG = b"--forked"
+#: ... and in a forked hash helper's (``_be_hash_helper``).
+HASHER_FLAG = b"--hasher"
 
 #: How long the control socket stays quiet after a fork before the next spare is cloned.
 SPARE_AFTER = 0.01
@@ -250,6 +258,8 @@ def _be_spare(
         body, fds = received
         sock.close()
         request: dict[str, Any] = json.loads(body)
+        if "hash" in request:
+            _be_hash_helper(request, fds)
         try:
             _become_worker(request, fds, control, new_group=False)
         finally:
@@ -334,15 +344,50 @@ def _receive(control: socket.socket) -> tuple[bytes, list[int]] | None:
 
 
 def _fork(clone: _Clone, request: dict[str, Any], fds: list[int], control: socket.socket) -> int:
-    if len(fds) != 3:
-        raise OSError(f"expected 3 descriptors, got {len(fds)}")
+    wanted = 2 if "hash" in request else 3
+    if len(fds) != wanted:
+        raise OSError(f"expected {wanted} descriptors, got {len(fds)}")
     pid = _clone_checked(clone)
     if pid == 0:
+        if wanted == 2:
+            _be_hash_helper(request, fds)
         try:
             _become_worker(request, fds, control, new_group=True)
         except BaseException as exc:  # nothing half-made may run tasks: tell, and go
             _setup_failed(exc)
     return pid
+
+
+def _be_hash_helper(request: dict[str, Any], fds: list[int]) -> NoReturn:
+    """In a child (a spare or a fork): the hash helper, what ``plugins/_hashhelp.Helper``
+    would spawn as ``python -I -S _hash_child.py``: the program the request names (that
+    file, loaded by path: standard library only) run on the request's two pipes as stdin
+    and stdout, stderr on /dev/null, in a process group of its own, with the driver's cwd
+    and umask; ``--hasher`` in its command line. It never returns to ``_entry``: it exits
+    at the end of its input (the driver gone or done with it) or after its idle time."""
+    try:
+        if len(fds) != 2:
+            raise OSError(f"expected 2 descriptors, got {len(fds)}")
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
+        if _pdeath_signal:
+            signal.signal(_pdeath_signal, signal.SIG_DFL)
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)  # the rest (this too) the program closes
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        _rename_argv(HASHER_FLAG)
+        spec = importlib.util.spec_from_file_location("_jre_hash_child", request["hash"])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {request['hash']}")
+        program = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(program)
+        program.main(float(request["idle"]))
+    except BaseException:
+        os._exit(2)
+    os._exit(0)
 
 
 def _clone_checked(clone: _Clone) -> int:
@@ -397,16 +442,16 @@ def _become_worker(
     _rename_argv()
 
 
-def _rename_argv() -> None:
-    """``--zygote`` -> ``--forked`` in ``/proc/self/cmdline`` (the memory the kernel shows:
-    the bytes of the original argv; the same length, so nothing moves) and in ``sys.argv``."""
+def _rename_argv(flag: bytes = FORKED_FLAG) -> None:
+    """``--zygote`` -> ``flag`` in ``/proc/self/cmdline`` (the memory the kernel shows: the
+    bytes of the original argv; the same length, so nothing moves) and in ``sys.argv``."""
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
     raw = ctypes.string_at(start, end - start)
     at = raw.rfind(b"\0" + ZYGOTE_FLAG + b"\0")
     if at >= 0:
-        ctypes.memmove(start + at + 1, FORKED_FLAG, len(FORKED_FLAG))
+        ctypes.memmove(start + at + 1, flag, len(flag))
     for argv in (sys.argv, getattr(sys, "orig_argv", [])):
         if argv and argv[-1] == ZYGOTE_FLAG.decode():
-            argv[-1] = FORKED_FLAG.decode()
+            argv[-1] = flag.decode()

@@ -29,6 +29,9 @@ STARTUP_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 60.0
 #: How long a stopping template's spare may take to see EOF and exit before it is killed.
 SPARE_REAP_WAIT = 5.0
+#: How long a hash helper's fork waits for a request under way (a worker's fork: ~2 ms)
+#: before the helper is spawned instead.
+HELPER_WAIT = 0.02
 _HEADER = struct.Struct("!I")
 
 
@@ -238,22 +241,8 @@ class Template:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            request = json.dumps({"env": env, "cwd": cwd, **_inherited()}).encode()
-            with self._lock:
-                sock = self._sock
-                if sock is None or self.state != "ready":
-                    raise OSError(f"template {self.python} is {self.state}")
-                self.last_used = time.monotonic()
-                self.idle_timeout = max(self.idle_timeout, idle_timeout)
-                try:
-                    socket.send_fds(sock, [_HEADER.pack(len(request))], [channel, out_w, err_w])
-                    sock.sendall(request)
-                    while "spare" in (reply := _receive(sock)):  # a spare made since
-                        self._note(reply)
-                    self._note(reply)
-                except (OSError, ValueError) as exc:
-                    self.state = "stopped"  # it died, or broke the protocol: a new one later
-                    raise OSError(f"template pid {self.pid}: {exc}") from exc
+            request = {"env": env, "cwd": cwd, **_inherited()}
+            pid = self._ask(request, [channel, out_w, err_w], idle_timeout)
         except BaseException:
             os.close(out_r)
             os.close(err_r)
@@ -261,13 +250,54 @@ class Template:
         finally:
             os.close(out_w)
             os.close(err_w)
+        self.forks += 1
+        return ForkedChild(pid, out_r, err_r)
+
+    def fork_hash_helper(self, stdin: int, stdout: int, program: str, idle_s: float) -> int:
+        """A hash helper forked from this template (``_zygote._be_hash_helper``): ``program``
+        (``plugins/_hash_child.py``) run on ``stdin`` and ``stdout`` (the caller closes its
+        copies), ending after ``idle_s`` without a job (0: never); its pid, our child as a
+        worker is. ``OSError`` if the template is busy (another request), not ready, or could
+        not: the caller spawns the helper. Not a use of the template (``last_used``): only
+        workers keep it up."""
+        request = {"hash": program, "idle": idle_s, "cwd": os.getcwd(), "umask": _umask()}
+        return self._ask(request, [stdin, stdout], None, wait=HELPER_WAIT)
+
+    def _ask(
+        self,
+        request: dict[str, Any],
+        fds: list[int],
+        idle_timeout: float | None,
+        wait: float = -1,
+    ) -> int:
+        """Send ``request`` with ``fds`` and return the pid of the child made for it;
+        ``OSError`` if there is none, or if another request holds the socket longer than
+        ``wait`` s (-1: wait for it). ``idle_timeout``: a worker's (a use of the template)."""
+        body = json.dumps(request).encode()
+        if not self._lock.acquire(timeout=wait):
+            raise OSError(f"template pid {self.pid} is busy")
+        try:
+            sock = self._sock
+            if sock is None or self.state != "ready":
+                raise OSError(f"template {self.python} is {self.state}")
+            if idle_timeout is not None:
+                self.last_used = time.monotonic()
+                self.idle_timeout = max(self.idle_timeout, idle_timeout)
+            try:
+                socket.send_fds(sock, [_HEADER.pack(len(body))], fds)
+                sock.sendall(body)
+                while "spare" in (reply := _receive(sock)):  # a spare made since
+                    self._note(reply)
+                self._note(reply)
+            except (OSError, ValueError) as exc:
+                self.state = "stopped"  # it died, or broke the protocol: a new one later
+                raise OSError(f"template pid {self.pid}: {exc}") from exc
+        finally:
+            self._lock.release()
         self._reap_spares(0.0)
         if "pid" not in reply:
-            os.close(out_r)
-            os.close(err_r)
             raise OSError(f"template pid {self.pid}: {reply.get('error', reply)}")
-        self.forks += 1
-        return ForkedChild(int(reply["pid"]), out_r, err_r)
+        return int(reply["pid"])
 
     def _note(self, message: dict[str, Any]) -> None:
         """Under ``_lock``: what a message of the template says of its spare. Any answer to
