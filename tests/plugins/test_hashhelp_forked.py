@@ -4,7 +4,8 @@ interpreter is ready, a new tree's helper is forked from it (our child, in a gro
 own, with our cwd and umask, ``--hasher`` in its command line) and lays out the same tree;
 where none is, or its fork fails, the helper is spawned as before; a forked helper ends as a
 spawned one does (at its input's end, when idle, with its SIGKILLed process); the template
-still forks workers after it, and its stop leaves the helper to its user.
+still forks workers after it, and its stop leaves the helper to its user; the template has
+hashlib imported before its first spare.
 
 Real parts: real templates and workers (a ``Pool``), real helpers, real files and store.
 """
@@ -25,7 +26,7 @@ from test_hashhelp import files_of, hashed, no_helper, running, source
 from jupyter_runtimeenv import _forks
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.plugins import _hash_child, _hashhelp
-from jupyter_runtimeenv.workers import zygote
+from jupyter_runtimeenv.workers import _zygote, zygote
 from jupyter_runtimeenv.workers.executor import resolve_driver_sys_path
 from jupyter_runtimeenv.workers.pool import Pool
 from tests.workers.helpers import submit
@@ -114,6 +115,35 @@ def test_a_helper_taken_while_a_template_is_ready_is_forked_from_it(
     assert files_of(Path(layout.path)) == files_of(Path(by_threads.path))
 
 
+def test_a_template_has_hashlib_before_its_first_spare(pool: Pool) -> None:
+    """The template imports hashlib (OpenSSL's) while quiet, before it clones its first
+    spare: a helper made of that spare does not import it on the path of a first tree."""
+    (template,) = zygote.templates()
+    name = _zygote.spare_name(template.pid).decode()
+    deadline = time.monotonic() + 30
+    while not any(comm(pid) == name for pid in children()):
+        assert time.monotonic() < deadline, "the template cloned no spare"
+        time.sleep(0.01)
+    with open(f"/proc/{template.pid}/maps") as f:
+        assert "/_hashlib." in f.read()
+
+
+def children() -> list[int]:
+    pids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids.extend(int(pid) for pid in f.read().split())
+    return pids
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def test_without_a_ready_template_the_helper_is_spawned(
     pool: Pool, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,7 +230,7 @@ KILLED = """
 import os, sys, time
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.plugins import _hashhelp
-from jupyter_runtimeenv.workers import zygote
+from jupyter_runtimeenv.workers import _zygote, zygote
 jre.remote(os.getpid).remote().result(120)  # the session's executor, its embedded agent
 while not [t for t in zygote.templates() if t.state == "ready"]:
     time.sleep(0.02)
