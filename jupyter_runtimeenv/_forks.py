@@ -3,11 +3,11 @@
 ``plugins/_hashhelp`` starts the hash helper (``plugins/_hash_child.py``) on the path of a
 process's first large tree: from its start to its first answer a new ``python -I -S`` is
 15-16 ms here (quiet), a child forked from a zygote template that is up already
-(``workers/zygote``, for this process's workers) 8-9 ms. ``workers/zygote`` sets
-``hash_helper`` when it is imported; ``_hashhelp`` calls it through ``fork_hash_helper``,
-and spawns the helper itself when that returns None (no template of this interpreter ready,
-the fork failed, or no worker machinery in this process). Neither ``workers`` nor
-``plugins`` imports the other for it.
+(``workers/zygote``, for this process's workers, which imported hashlib) ~4 ms.
+``workers/zygote`` sets ``hash_helper`` when it is imported; ``_hashhelp`` calls it through
+``fork_hash_helper``, and spawns the helper itself when that returns None (no template of
+this interpreter ready, the fork failed, or no worker machinery in this process). Neither
+``workers`` nor ``plugins`` imports the other for it.
 """
 
 from __future__ import annotations

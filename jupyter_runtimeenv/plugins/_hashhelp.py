@@ -10,7 +10,7 @@ back and forth at every call, and on two cores a 1,000-file tree took as long on
 as on one (tmpfs, 2026-12-04: 77-96 vs 76-84 ms), while two processes did the bare loop in
 half the time (28-40 vs 53-69 ms). So the helper (``_hash_child``, stdlib only, started once
 per process: forked from a warm zygote template of this interpreter where one is up,
-``_forks``, 8-9 ms to its first answer, else a new interpreter, ``posix_spawn``, 15-30 ms;
+``_forks``, ~4 ms to its first answer, else a new interpreter, ``posix_spawn``, 15-30 ms;
 ended after ``_hash_child.IDLE_S`` idle or at the end of its input) takes the files from the
 front, sent to it directory by directory while the walk goes on, and this thread takes them
 from the back after the walk; each file is claimed by creating it in the lay-out

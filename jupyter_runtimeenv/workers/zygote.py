@@ -25,7 +25,7 @@ A worker is spawned as before (``fork`` returns None) when it cannot be forked e
 - ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
 
 A ready template of the driver's own interpreter also forks the hash helper of a new tree
-(``fork_hash_helper``, ``plugins/_hashhelp``): 8-9 ms to its first answer, not 15-16.
+(``fork_hash_helper``, ``plugins/_hashhelp``): ~4 ms to its first answer, not 15-16.
 
 Templates stop when no worker was forked from them for ``idle_timeout`` seconds (the
 largest of the pools that used them), when the driver exits (their lifeline), or with
