@@ -99,6 +99,8 @@ class Helper:
             )
             #: Forked from a warm template (``_forks``), not spawned.
             self.forked = pid is not None
+            #: It never ends itself idle: only those are kept past ``RETIRE_S`` (``keep``).
+            self.lasting = lasting
         except BaseException:
             os.close(self.to_w)
             os.close(self.from_r)
@@ -280,9 +282,11 @@ def _retire_when_idle(helper: Helper) -> None:
     reap it; return when it is stopped (by this or by its user)."""
     with _changed:
         while not helper.stopped:
-            if _kept:  # kept ready (``keep``): woken by the last release, or by ``stop``
+            if _kept and helper.lasting:  # kept ready: woken by the last release, or ``stop``
                 _changed.wait()
                 continue
+            # One started before the first ``keep`` ends itself ``IDLE_S`` idle, and would be
+            # our zombie until the next ``take``: retired ``RETIRE_S`` idle, kept or not.
             # Not woken by ``give_back`` (a thread woken there would take the GIL from the
             # caller's digest): while the helper is in use it looks every ``RETIRE_S / 4``.
             since = helper.idle_since

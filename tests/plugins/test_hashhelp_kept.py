@@ -1,7 +1,7 @@
 """The hash helper kept while an agent runs in this process (``_hashhelp.keep``, from
 ``_store.attach``): none started by the agent, the one a tree started neither retired nor
-ending itself while it runs, retired after its stop, gone with its process; where none can
-start, trees hash on threads.
+ending itself while it runs, retired after its stop, gone with its process; one started
+before the agent still retired; where none can start, trees hash on threads.
 
 Real parts: real agents, the real helper process, real files and content store.
 """
@@ -67,6 +67,31 @@ async def test_an_agent_keeps_the_helper_its_first_tree_started_until_its_stop(
     await agent.stop()
     assert gone(helper.pid), "the helper was not retired after its agent's stop"
     assert _hashhelp._idle == []
+
+
+def test_a_helper_started_before_an_agent_is_still_retired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper started while no agent ran ends itself ``IDLE_S`` idle: it is retired
+    ``RETIRE_S`` after its last tree even once an agent runs. Kept, it ended itself and
+    stayed this process's zombie until the next tree (seen by tests/workers' zombie check
+    after tests/plugins' trees); the agent's next tree starts a helper that lasts."""
+    no_helper()
+    monkeypatch.setattr(_hashhelp, "RETIRE_S", 0.2)
+    helper = _hashhelp.take()
+    assert helper is not None
+    assert not helper.lasting
+    _hashhelp.give_back(helper)
+    detach = _store.attach(tmp_path / "cache")
+    try:
+        assert gone(helper.pid, 10), "the helper was kept past its own idle end"
+        assert _hashhelp._idle == []
+        again = _hashhelp.take()
+        assert again is not None
+        assert again.lasting
+        again.stop()
+    finally:
+        detach()
 
 
 def test_a_helper_is_kept_while_any_agent_runs(
