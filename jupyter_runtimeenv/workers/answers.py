@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..errors import BrokenWorker, WorkerError, WorkerSetupError
-from . import protocol
+from . import protocol, vcpu
 from ._serve import PRELOAD_SECONDS
 from .channel import Channel
 from .future import SETTLED, Task
@@ -155,7 +155,7 @@ class Answers:
         end = time.perf_counter() + window
         # The future's state, read without its lock (a stale PENDING costs one more poll).
         while future._state not in SETTLED:
-            events = self._poll(waiter, end)
+            events = self._poll(waiter, end, task)
             if not events:
                 return
             answered = False
@@ -188,13 +188,24 @@ class Answers:
                     return
                 raise
 
-    def _poll(self, waiter: select.poll, end: float) -> list[tuple[int, int]]:
+    def _poll(self, waiter: select.poll, end: float, task: Task) -> list[tuple[int, int]]:
         """``read_answer``'s wait for what the worker sends, until ``end``: with a CPU to
         spare, polled for a moment first while its calls are answered back to back
         (``protocol.Spin``). Past ``end``: what is there already."""
         return self._spin.wait(
-            lambda: waiter.poll(0) or None, lambda timeout: waiter.poll((timeout or 0.0) * 1e3), end
+            lambda: waiter.poll(0) or None,
+            lambda timeout: waiter.poll((timeout or 0.0) * 1e3),
+            end,
+            lambda: self._late(task),
         )
+
+    def _late(self, task: Task) -> None:
+        """A poll for ``task``'s answer is late (``protocol.LATE``): if the worker has not
+        even started it (its status word), it waits for a CPU, perhaps the one this thread
+        polls on: moved off it once (``vcpu.part``)."""
+        channel = self.channel
+        if channel is not None and channel.running() != task.call.task_id:
+            vcpu.part(self.pid)
 
     def _frames_after_output(
         self, channel: Channel, poll: Callable[[float], list[tuple[int, int]]], sock_fd: int

@@ -123,6 +123,9 @@ _IOV_MAX = 512
 SPIN_WINDOW = 200e-6
 #: A gap this long between two polls of a spin: the CPU was taken from us; block instead.
 PREEMPTED = 50e-6
+#: A spin still polling this long after it began calls its ``late`` (once): an idle peer that
+#: polls answers a short call in ~10-30 us.
+LATE = 30e-6
 
 
 class Spin:
@@ -182,11 +185,13 @@ class Spin:
         check: Callable[[], T | None],
         block: Callable[[float | None], T],
         end: float | None = None,
+        late: Callable[[], object] | None = None,
     ) -> T:
         """Wait for what the peer sends: ``check()`` (non-blocking: ``None`` while nothing
         came) polled while a CPU is spare and frames come back to back, then (or at once)
         ``block(timeout)``, the blocking wait, ``timeout`` in seconds until ``end``
-        (``time.perf_counter``; ``None``: no end)."""
+        (``time.perf_counter``; ``None``: no end). ``late()``, once, if it still polls
+        ``LATE`` after it began (the driver's: see ``vcpu``)."""
         clock = time.perf_counter
         start = last = clock()
         if not self.spare(start):
@@ -202,6 +207,10 @@ class Spin:
             now = clock()
             if now - last > PREEMPTED:
                 break  # the CPU was taken from us: the machine has none to spare
+            if late is not None and now - start > LATE:
+                late()
+                late = None
+                now = clock()
             last = now
         got = block(None if end is None else max(0.0, end - clock()))
         self.waited(clock() - start)

@@ -185,6 +185,35 @@ def test_the_one_wait_blocks_when_its_cpu_was_taken(clock: SteppingClock) -> Non
     assert spin.back_to_back  # and the block found it at once: still back to back
 
 
+def test_a_poll_still_going_after_late_calls_late_once(clock: SteppingClock) -> None:
+    """``late`` (the driver's: move a worker that has not started the call off this vCPU)
+    is called once per wait, ``LATE`` into the poll, and the poll goes on to its frame."""
+    spin = Spin(FixedGauge(1, 2))
+    spin.back_to_back = True
+    looks_at_late = protocol.LATE / SteppingClock.STEP  # one clock read a look
+    script = Script(clock, empty=int(3 * looks_at_late))
+    called: list[int] = []
+    assert (
+        spin.wait(script.check, script.block, None, lambda: called.append(script.looks)) == "came"
+    )
+    assert script.blocked == []
+    assert len(called) == 1
+    assert looks_at_late / 2 <= called[0] <= looks_at_late + 2
+
+
+def test_a_frame_that_comes_soon_is_not_late(clock: SteppingClock) -> None:
+    spin = Spin(FixedGauge(1, 2))
+    spin.back_to_back = True
+    script = Script(clock, empty=3)
+    called: list[int] = []
+    assert spin.wait(script.check, script.block, None, lambda: called.append(1)) == "came"
+    assert called == []
+    # Nor a wait that does not poll (not back to back): it blocks at once.
+    spin.back_to_back = False
+    assert spin.wait(script.check, script.block, None, lambda: called.append(1)) == "blocked"
+    assert called == []
+
+
 def test_the_one_wait_blocks_at_once_on_a_busy_machine(clock: SteppingClock) -> None:
     spin = Spin(FixedGauge(3, 2))
     spin.back_to_back = True
