@@ -153,10 +153,13 @@ class Spin:
     ~0.08 ms, where both polling is ~0.06 and neither ~0.11-0.16).
     """
 
-    __slots__ = ("back_to_back", "gauge", "told")
+    __slots__ = ("back_to_back", "ended", "gauge", "told")
 
     def __init__(self, gauge: Gauge | None) -> None:
         self.back_to_back = False
+        #: When the last wait ended (``time.perf_counter``): a peer polls for our next frame
+        #: ``SPIN_WINDOW`` after it answered, and sleeps after that (see ``wait``'s ``late``).
+        self.ended = -1.0
         self.gauge = gauge
         self.told = False
 
@@ -191,18 +194,27 @@ class Spin:
         came) polled while a CPU is spare and frames come back to back, then (or at once)
         ``block(timeout)``, the blocking wait, ``timeout`` in seconds until ``end``
         (``time.perf_counter``; ``None``: no end). ``late()``, once, if it still polls
-        ``LATE`` after it began (the driver's: see ``vcpu``)."""
+        ``LATE`` after it began (the driver's: see ``vcpu``), and only where the wait began
+        within ``SPIN_WINDOW`` of the last one's end: the peer was still polling for what we
+        sent, so it would have answered by now had it a CPU of its own. A peer that had
+        stopped polling sleeps, and its wake-up alone outlasts ``LATE`` (~190 us here):
+        ``late`` would cost each call made at a notebook's pace ~25 us for nothing."""
         clock = time.perf_counter
         start = last = clock()
         if not self.spare(start):
-            return block(None if end is None else max(0.0, end - start))
+            got = block(None if end is None else max(0.0, end - start))
+            self.ended = clock()
+            return got
+        if start - self.ended > SPIN_WINDOW:
+            late = None
         stop = self.deadline(start)
         if end is not None and end < stop:
             stop = end
         while last < stop:
             came = check()
             if came is not None:
-                self.waited(clock() - start)
+                self.ended = now = clock()
+                self.waited(now - start)
                 return came
             now = clock()
             if now - last > PREEMPTED:
@@ -213,7 +225,8 @@ class Spin:
                 now = clock()
             last = now
         got = block(None if end is None else max(0.0, end - clock()))
-        self.waited(clock() - start)
+        self.ended = now = clock()
+        self.waited(now - start)
         return got
 
 

@@ -8,9 +8,11 @@ against ~60 polled on two vCPUs), and while both poll, 200-470 us (docs/benchmar
 in session 12: pinned to two vCPUs every cycle's median was 58-67 us; unpinned half were
 above 84). ``part`` moves the worker off the caller's vCPU once: its affinity without that
 CPU, then as it was (the kernel moves a queued task at once, and does not move it back).
-Called by ``answers.Answers`` only when a poll is late and the worker has not even started
-the call (its status word): it runs no task code then, so its mask is not being changed by
-one. Linux only; anything that fails leaves the worker where it was.
+Called by ``answers.Answers`` only when a poll is late, the call was sent while the worker
+still polled for it (``protocol.Spin.wait``: a sleeping worker's wake-up is late anyway), and
+the worker has not even started the call (its status word): it runs no task code then, so
+its mask is not being changed by one. Linux only; anything that fails leaves the worker
+where it was.
 """
 
 from __future__ import annotations
