@@ -365,10 +365,17 @@ def test_a_caller_killed_mid_hash_leaves_no_helper(tmp_path: Path, cache: Path) 
     while not (cache / "tmp" / "l").exists():  # the hash has begun
         assert time.monotonic() < deadline
         time.sleep(0.001)
+    kill_and_outlive(child, helper)
+
+
+def kill_and_outlive(child: subprocess.Popen[str], helper: int) -> None:
+    """SIGKILL ``child`` and wait (30 s at most) until its hash helper ``helper`` has ended
+    too: its input closed, nothing else tells it."""
     child.send_signal(signal.SIGKILL)
     child.wait(30)
+    deadline = time.monotonic() + 30
     while running(helper):
-        assert time.monotonic() < deadline, "the helper outlived its caller"
+        assert time.monotonic() < deadline, "the helper outlived its process"
         time.sleep(0.01)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_hashhelp import files_of, hashed, no_helper, running, source
+from test_hashhelp import files_of, hashed, kill_and_outlive, no_helper, running, source
 
 from jupyter_runtimeenv import _forks
 from jupyter_runtimeenv.context import EnvContext
@@ -256,9 +256,4 @@ def test_a_forked_helper_dies_with_its_sigkilled_process(tmp_path: Path) -> None
     helper = int(pid)
     assert forked == "True"
     assert running(helper)
-    child.send_signal(signal.SIGKILL)
-    child.wait(30)
-    deadline = time.monotonic() + 30
-    while running(helper):
-        assert time.monotonic() < deadline, "the helper outlived its process"
-        time.sleep(0.01)
+    kill_and_outlive(child, helper)

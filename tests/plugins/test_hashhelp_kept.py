@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_hashhelp import hashed, no_helper, running, source
+from test_hashhelp import hashed, kill_and_outlive, no_helper, running, source
 
 from jupyter_runtimeenv.plugins import _hash_child, _hashhelp, _hashing, _spares, _store
 
@@ -176,12 +175,7 @@ def test_a_kept_helper_dies_with_its_process(tmp_path: Path) -> None:
     assert child.stdout is not None
     helper = int(child.stdout.readline())
     assert running(helper)
-    child.send_signal(signal.SIGKILL)
-    child.wait(30)
-    deadline = time.monotonic() + 30
-    while running(helper):
-        assert time.monotonic() < deadline, "the helper outlived its process"
-        time.sleep(0.01)
+    kill_and_outlive(child, helper)
 
 
 def test_where_no_helper_can_start_a_large_tree_hashes_on_threads(
