@@ -126,16 +126,3 @@ class Gauge:
             least, kept = count, min(2 * kept, EVERY)
         self._state = (now, now + kept, least, count, latest, when, ncpu, kept)
         return least, ncpu
-        count = runnable(self.path)
-        ncpu = cpus()
-        recent = latest if latest is not None and 0 <= now - when <= 2 * EVERY else None
-        if count is None:
-            least, kept = None, EVERY
-        elif recent is None:  # the first after a pause: believed for ``RECHECK``
-            least, kept = count, RECHECK
-        elif count > recent:  # it rose: maybe an instant's task, read again soon
-            least, kept = recent, RECHECK
-        else:
-            least, kept = count, min(2 * kept, EVERY)
-        self._state = (now, now + kept, least, count, ncpu, kept)
-        return least, ncpu

@@ -170,7 +170,8 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         readable, _, _ = select.select(watched, [], [], timeout)
         if not readable:
             if not warm:  # before the first spare: it and every later child have it
-                warm = _warm_for_hash_helpers()
+                _warm_for_hash_helpers()
+                warm = True
             made = _clone_spare(clone)
             if made[0] == 0:  # in the spare, once it is a worker
                 return _be_spare(made[1], control, clone, made[2])
@@ -209,7 +210,7 @@ def serve(control_fd: int, lifeline: int | None, parent: int, pdeath_offset: int
         _send(control, {"pid": pid})
 
 
-def _warm_for_hash_helpers() -> bool:
+def _warm_for_hash_helpers() -> None:
     """Import hashlib (OpenSSL's, ~4.7 ms here) once, while quiet: a hash helper forked
     from us (``_be_hash_helper``) answers a process's first tree's job 4.2 ms after the
     request instead of 8.4 (quiet, median of 12). Each child has it mapped from us: a
@@ -218,7 +219,6 @@ def _warm_for_hash_helpers() -> bool:
         import hashlib  # noqa: F401
     except ImportError:
         pass
-    return True
 
 
 def spare_name(template_pid: int) -> bytes:
