@@ -7,6 +7,7 @@ never touch the user's cache; tests that need isolation take ``cache_dir``.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -45,6 +46,16 @@ def cache_dir(tmp_path: Path) -> Path:
     path = tmp_path / "cache"
     path.mkdir(mode=0o700)  # owner-only, as the agent makes it (a wider one gets a warning)
     return path
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where a connection is refused, for the whole test: bound by this
+    process and never listened on, so that no other process (another test's server, a kernel)
+    can take it meanwhile, as it could a port found free and let go."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield int(holder.getsockname()[1])
 
 
 @pytest.fixture

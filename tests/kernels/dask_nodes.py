@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,13 +24,11 @@ from typing import Any
 import psutil
 from processes import alive
 
-__all__ = ["DaskNodes", "alive", "ancestors", "free_port", "listening", "wait_until"]
+__all__ = ["DaskNodes", "alive", "ancestors", "listening", "wait_until"]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+#: The line ``dask scheduler`` logs once it listens (with ``--port 0``: on a port of its choice).
+SCHEDULER_AT = re.compile(r"Scheduler at:\s+(tcp://[^\s:]+:(\d+))")
 
 
 def ancestors(pid: int) -> list[int]:
@@ -98,8 +97,8 @@ class DaskNodes:
         timeout: float = 90,
     ) -> None:
         self.root = root
-        self.port = free_port(scheduler_host)
-        self.address = f"tcp://{scheduler_host}:{self.port}"
+        self.port = 0  # the scheduler's own choice, once it is up (``_start``)
+        self.address = ""
         self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -132,8 +131,11 @@ class DaskNodes:
                 "scheduler",
                 "--host",
                 host,
+                # Port 0: the scheduler binds a free port itself. A port picked here and
+                # passed on could be taken by another process before the scheduler binds it
+                # (CI saw "Address already in use").
                 "--port",
-                str(self.port),
+                "0",
                 "--no-dashboard",
                 "--dashboard-address",
                 f"{host}:0",
@@ -142,14 +144,12 @@ class DaskNodes:
             self.env,
         )
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection((host, self.port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.procs[0].poll() is not None:
-                    raise RuntimeError(self._logs_text()) from None
-                time.sleep(0.2)
+        log = self.root / "scheduler.log"
+        while not (found := SCHEDULER_AT.search(log.read_text(errors="replace"))):
+            if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError(self._logs_text())
+            time.sleep(0.1)
+        self.address, self.port = found[1], int(found[2])
         for i, worker_host in enumerate(hosts):
             cache = self.root / f"node-{i}"
             cache.mkdir(mode=0o700)

@@ -19,7 +19,7 @@ from jupyter_client.manager import KernelManager
 
 from jupyter_runtimeenv.errors import KernelStartError
 from jupyter_runtimeenv.kernels import install_kernelspec
-from tests.kernels.dask_nodes import DaskNodes, alive, free_port, wait_until
+from tests.kernels.dask_nodes import DaskNodes, alive, wait_until
 from tests.wheelhouse import make_wheelhouse
 
 pytest.importorskip("distributed")
@@ -79,8 +79,8 @@ def no_kernels_running(nodes: DaskNodes) -> bool:
     return not any(k["running"] for each in nodes.node_kernels().values() for k in each.values())
 
 
-def test_a_scheduler_that_cannot_be_reached(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{free_port()}"
+def test_a_scheduler_that_cannot_be_reached(tmp_path: Path, closed_port: int) -> None:
+    address = f"tcp://127.0.0.1:{closed_port}"
     install(tmp_path, "nowhere", {}, address, connect_timeout=2)
     error = start_fails(tmp_path, "nowhere")
     assert str(error).startswith(f"cannot reach the Dask scheduler {address} within 2 s")

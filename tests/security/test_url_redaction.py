@@ -19,7 +19,6 @@ import asyncio
 import http.server
 import io
 import json
-import socket
 import threading
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -68,12 +67,6 @@ def served() -> Iterator[str]:
     thread.join()
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _everything_shown(agent: RuntimeEnvAgent, env_id: str, events: list[Event]) -> str:
     """Everything a user or a client can see of a build, as one text: its log, its status
     (steps, labels, error) and its events. Not the spec, which is what was asked for and
@@ -110,7 +103,7 @@ async def test_a_downloaded_urls_query_is_never_shown(make_agent: MakeAgent, ser
     "where", ["missing", "password"], ids=["404 with a query", "password in the URL"]
 )
 async def test_a_failed_downloads_error_shows_no_secret(
-    make_agent: MakeAgent, served: str, where: str
+    make_agent: MakeAgent, served: str, where: str, closed_port: int
 ) -> None:
     agent = await make_agent()
     events: list[Event] = []
@@ -118,7 +111,7 @@ async def test_a_failed_downloads_error_shows_no_secret(
     if where == "missing":
         url = f"{served}/missing.zip?token=S3CRET-TOKEN"
     else:
-        url = f"http://user:S3CRET-PASS@127.0.0.1:{_closed_port()}/app.zip?sig=S3CRET-SIG"
+        url = f"http://user:S3CRET-PASS@127.0.0.1:{closed_port}/app.zip?sig=S3CRET-SIG"
     spec = await agent.parse_async({"working_dir": url})
     with pytest.raises(BuildError) as info:
         await agent.get_or_create(spec, "t")
@@ -128,10 +121,10 @@ async def test_a_failed_downloads_error_shows_no_secret(
 
 
 async def test_an_installers_output_and_error_show_no_secret(
-    make_agent: MakeAgent, tmp_path: Path
+    make_agent: MakeAgent, closed_port: int
 ) -> None:
     agent = await make_agent()
-    port = _closed_port()
+    port = closed_port
     requirement = (
         f"six @ http://user:S3CRET-PASS@127.0.0.1:{port}/six-1.0-py3-none-any.whl"
         "?token=S3CRET-TOKEN"
