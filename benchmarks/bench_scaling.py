@@ -47,6 +47,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -358,10 +359,10 @@ def _trivial_server() -> tuple[subprocess.Popen[str], int]:
     return proc, int(proc.stdout.readline())
 
 
-#: Tries to start each kernel: jupyter_client picks a kernel's ports free, then releases
-#: them for the kernel to bind, and 16 kernels starting at once (beside other work) now and
-#: then race for one ("Address already in use": the kernel dies before its kernel_info).
+#: Tries to start each kernel (one that dies before its kernel_info is started again).
 KERNEL_STARTS = 3
+#: How long a kernel may take to answer its first kernel_info (16 start at once).
+KERNEL_STARTUP_S = 120
 
 
 def _kernel_work(
@@ -369,7 +370,7 @@ def _kernel_work(
 ) -> None:
     """One kernel: start, wait for the others, run ``KERNEL_CODE``. ``cache``: run it with
     an embedded agent on that cache instead of the server's (the floor)."""
-    from jupyter_client.manager import start_new_kernel
+    from jupyter_client.manager import KernelManager
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_RUNTIMEENV_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -381,15 +382,33 @@ def _kernel_work(
         )
     else:
         env["JUPYTER_RUNTIMEENV_CACHE"] = str(cache)
+    sockets = tempfile.mkdtemp(prefix="jre-k")  # short: a unix socket's path is <= 107 bytes
     for attempt in range(KERNEL_STARTS):
+        # IPC, not TCP: jupyter_client picks a TCP kernel's five ports free and lets them go
+        # for the kernel to bind, and with 16 kernels starting at once another kernel's own
+        # random port now and then took one of them (the kernel then never answered: a run
+        # hung for its whole startup timeout). A socket path of its own cannot be taken.
+        manager = KernelManager(
+            kernel_name="python3", transport="ipc", ip=os.path.join(sockets, f"{i}-{attempt}")
+        )
         try:
-            manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=600)
+            manager.start_kernel(env=env)
+            client = manager.client()
+            client.start_channels()
+            try:
+                client.wait_for_ready(timeout=KERNEL_STARTUP_S)
+            except BaseException:
+                client.stop_channels()
+                raise
             break
-        except Exception as exc:  # jupyter_client has shut down what it started
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                manager.shutdown_kernel(now=True)
             if attempt + 1 < KERNEL_STARTS:
                 continue
             errors.append(f"kernel {i} did not start: {exc!r}")
             ready.abort()  # the others' and the asking thread's waits end at once
+            shutil.rmtree(sockets, ignore_errors=True)
             return
     try:
         ready.wait(900)  # every kernel up: they declare and submit at once
@@ -405,6 +424,7 @@ def _kernel_work(
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def _kernels_round(
