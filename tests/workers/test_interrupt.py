@@ -23,6 +23,7 @@ import psutil
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+from kernel_process import kernel_manager
 
 import jupyter_runtimeenv as jre
 from jupyter_runtimeenv.errors import RemoteInterrupt
@@ -101,18 +102,17 @@ def crunch(x):
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KernelManager, Any]]:
     env = dict(os.environ, JUPYTER_RUNTIMEENV_CACHE=str(tmp_path_factory.mktemp("kcache")))
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(env=env)
-    client = km.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        reply = client.execute_interactive(SETUP, timeout=60)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        yield km, client
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=True)
+    with kernel_manager() as km:  # on unix sockets: no TCP port for another process to take
+        km.start_kernel(env=env)
+        client = km.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            reply = client.execute_interactive(SETUP, timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            yield km, client
+        finally:
+            client.stop_channels()
 
 
 def _kernel_workers(km: KernelManager) -> list[int]:

@@ -28,6 +28,8 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+from jupyter_client.manager import KernelManager
+from kernel_process import kernel_manager
 from processes import Proc, children, cmdline, kill_all, of, survivors
 
 from jupyter_runtimeenv.workers.process import CLOUDPICKLE_VAR, ENTRY
@@ -209,10 +211,11 @@ def test_the_lifeline_alone_ends_the_worker_and_its_children(
 def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
     tmp_path: Path, tracked: list[Proc]
 ) -> None:
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    with kernel_manager() as km:  # on unix sockets: no TCP port for another process to take
+        _sigkill_a_kernel(km, tmp_path, tracked)
 
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+
+def _sigkill_a_kernel(km: KernelManager, tmp_path: Path, tracked: list[Proc]) -> None:
     km.start_kernel(
         cwd=str(tmp_path), env={**os.environ, "JUPYTER_RUNTIMEENV_CACHE": str(tmp_path / "cache")}
     )
@@ -252,7 +255,6 @@ def test_a_sigkilled_kernel_takes_its_workers_and_their_children(
         assert survivors(procs, WITHIN) == []
     finally:
         client.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 BY_HAND = textwrap.dedent(
