@@ -237,9 +237,10 @@ class Ours:
         store's 256 shard directories, 45-115 ms at load 9, once per machine): the notebook
         rows start their agent, and so make their root, before theirs.
 
-        ``runs`` pairs (3 in ``--quick`` too: one sample of a row that moves by ±5 % decided
-        nothing), which of the two goes first alternating pair by pair; each row is the
-        median of its samples."""
+        ``runs`` pairs (5 in ``--quick`` too: one sample of a row that moves by ±5 % decides
+        nothing, and single samples of the notebook rows spread over 3.7-4.9 s in one run on
+        the EPYC VM of session 13, against a target 10 % above the floor), which of the two
+        goes first alternating pair by pair; each row is the median of its samples."""
         roots = [root or self.fresh("cli") for _ in range(runs)]
         for where in set(roots):
             subprocess.run(

@@ -50,9 +50,9 @@ BUDGET = 14.5 * 60
 PEERS = {"ray": ["ray[default]"], "dask": ["distributed"]}
 REPS = {
     "full": {"pip": 3, "numpy": 2, "rtt": 200, "start": 5, "w3": 2, "burst": 3, "wd": 5,
-             "w8": 3, "s1": 2, "w10": 7, "cli": 3, "w9": 3},
+             "w8": 3, "s1": 2, "w10": 7, "cli": 5, "w9": 5},
     "quick": {"pip": 1, "numpy": 1, "rtt": 200, "start": 3, "w3": 1, "burst": 1, "wd": 2,
-              "w8": 1, "s1": 1, "w10": 3, "cli": 3, "w9": 3},
+              "w8": 1, "s1": 1, "w10": 3, "cli": 5, "w9": 5},
 }  # fmt: skip
 #: The peers' pip-heavy workloads take 10-30 s a run (Ray's W8 a minute: it retries the
 #: install): fewer runs keep the whole within 15 minutes on 2 cores.
