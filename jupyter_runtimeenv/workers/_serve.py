@@ -198,7 +198,7 @@ class Worker:
         broke our stdout/stderr (``True``: that call is answered; the calls held after it
         never start here, and the driver gives them to another worker)."""
         P = self.protocol
-        pending, reader, status = self.pending, self.reader, self.status
+        pending, reader, status, sock = self.pending, self.reader, self.status, self.sock
         if not self.stdio_intact():
             return True
         while True:
@@ -227,7 +227,10 @@ class Worker:
                 out, fds = P.frame(P.SKIP, P.ID.pack(task_id)), None
             else:
                 out, fds = self.run(pending.popleft())
-            self.send(out, fds)
+            if fds is None and len(out) == 1:  # one small answer (``protocol.send``'s case)
+                sock.sendall(out[0])
+            else:
+                self.send(out, fds)
             P.STATUS.pack_into(status, 0, 0)
             # Only a call can break them (two fstat calls: once per call, not per wake-up).
             if not self.stdio_intact():
@@ -330,7 +333,11 @@ class Worker:
         head = P.RETURN_HEAD.pack(task_id, duration, len(result_spans))
         if result_spans:
             head += b"".join(P.SPAN.pack(*s) for s in result_spans)
-        out += P.frame(P.RETURN, head, data)
+        size = len(head) + len(data)
+        if size < P._SMALL:  # ``P.frame``'s one buffer, without its generic steps
+            out.append(P.HEADER.pack(P.RETURN, size) + head + data)
+        else:
+            out += P.frame(P.RETURN, head, data)
         return out, fds
 
     def _failure(self, phase: str, exc: BaseException, skip: int, task_id: int) -> bytes:

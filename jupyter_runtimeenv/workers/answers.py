@@ -54,6 +54,8 @@ class WorkerListener(Protocol[W_contra]):
 
     def tasks_answered(self, worker: W_contra, durations: list[int | None]) -> list[Task]: ...
 
+    def task_answered(self, worker: W_contra, duration: int) -> Task | None: ...
+
     def imports_learned(self, worker: W_contra, modules: list[str]) -> None: ...
 
     def worker_died(self, worker: W_contra, error: WorkerError) -> None: ...
@@ -175,6 +177,14 @@ class Answers:
                     return
                 if not alive:
                     return  # EOF: the reader thread reads it again and reports the death
+                if len(events) == 1 and len(owed) == 1:
+                    # Its one call's answer, and no output: this poll looked at the socket
+                    # first (``waiter`` has it first, and a poll takes its descriptors in
+                    # order), and at the pipes after, when all that call printed was in
+                    # them (the worker flushes before it answers). It holds no other call,
+                    # so nothing read came after this answer: no second poll for output.
+                    self._frames(channel)
+                    continue
                 self._frames_after_output(channel, waiter.poll, sock_fd)
             except BaseException as exc:
                 # Half-handled: the stream or the pool's view of it cannot be trusted. The
@@ -340,19 +350,18 @@ class Answers:
         steps, in a straight line (no lists of answers to pair with their tasks)."""
         if not self.ready:
             raise protocol.ProtocolError("an answer before the worker was ready")
-        tasks = self.listener.tasks_answered(self, [_duration(payload)])
-        if not tasks:
+        task = self.listener.task_answered(self, _duration(payload))
+        if task is None:
             raise protocol.ProtocolError("1 answers for 0 calls")
-        task = tasks[0]
         self.flush()  # the worker's next calls go out before the waiter wakes
         output = task.output
         for forwarder in self._forwarders.values():
             forwarder.flush(output)
         future = task.future
         try:
-            value = channel.outcome(task, protocol.RETURN, payload)
+            value = channel.returned(task, payload)
         except protocol.ProtocolError as exc:
-            _break(tasks, f"worker pid {self.pid} broke the protocol: {exc}")
+            _break([task], f"worker pid {self.pid} broke the protocol: {exc}")
             raise
         except Exception as exc:
             del payload

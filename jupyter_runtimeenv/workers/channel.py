@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import protocol, shm
-from .serialize import Call, load_outcome, split_return
+from .serialize import SMALL_VALUE, Call, load_outcome, load_small_return, split_return
 
 if TYPE_CHECKING:
     from .future import Task
@@ -30,6 +30,10 @@ FUNCTION_CACHE_SIZE = 256
 
 Packet = tuple[list[Any], list[int]]
 _NO_SPANS = bytes(4)  # a RETURN_HEAD's buffer count of 0
+_RETURN_HEAD = protocol.RETURN_HEAD.size
+_SPAN_COUNT = _RETURN_HEAD - 4  # where a RETURN_HEAD's buffer count starts
+#: A RETURN up to this size is unpickled from a copy (``serialize.load_small_return``).
+_SMALL_RETURN = _RETURN_HEAD + SMALL_VALUE
 #: A CALL's flags by (``Task.raw``, a CPU spare), and what its one-call path packs with.
 _FLAGS = {
     (raw, spare): (0 if raw else protocol.RESULT_SHARED) | (protocol.SPARE if spare else 0)
@@ -37,6 +41,7 @@ _FLAGS = {
     for spare in (False, True)
 }
 _CALL_HEAD = protocol.CALL_HEAD.pack
+_CALL_HEAD_SIZE = protocol.CALL_HEAD.size
 _HEADER = protocol.HEADER.pack
 _SMALL = protocol._SMALL  # below it a frame is one buffer (``protocol.frame``)
 
@@ -109,16 +114,9 @@ class Channel:
         descriptors go with its first byte: a call naming a segment new to the worker
         starts a packet of its own. ``spare``: each call tells the worker a CPU is spare
         (``protocol.SPARE``: it may poll for its next call)."""
-        if len(tasks) == 1 and not self.results.freed and not self._segments:
-            call = tasks[0].call  # an idle worker's one call: the same frame, fewer steps
-            if not call.spans and call.key in self._functions:
-                self._functions.move_to_end(call.key)
-                flags = _FLAGS[tasks[0].raw, spare]
-                body = call.body
-                head = _CALL_HEAD(call.task_id, call.key, flags, 0)
-                size = len(head) + len(body)
-                if size < _SMALL:
-                    return [([_HEADER(protocol.CALL, size) + head + body], [])]
+        one = self.one_call(tasks, spare)
+        if one is not None:
+            return [([one], [])]
         packets: list[Packet] = []
         # What ``notices`` looks at, first here: there is nothing to tell on most calls.
         current = self.notices() if self.results.freed or self._segments else []
@@ -154,6 +152,24 @@ class Channel:
         if current:
             packets.append((current, []))
         return packets
+
+    def one_call(self, tasks: Sequence[Task], spare: bool = False) -> bytes | None:
+        """``encode``'s one buffer for an idle worker's one call, where nothing else is due
+        with it (the function known to the worker, no segments, no notices); else ``None``.
+        ``WorkerProcess.flush`` writes it as it is: the same frame, fewer steps."""
+        if len(tasks) != 1 or self.results.freed or self._segments:
+            return None
+        task = tasks[0]
+        call = task.call
+        if call.spans or call.key not in self._functions:
+            return None
+        body = call.body
+        size = _CALL_HEAD_SIZE + len(body)
+        if size >= _SMALL:
+            return None
+        self._functions.move_to_end(call.key)
+        head = _CALL_HEAD(call.task_id, call.key, _FLAGS[task.raw, spare], 0)
+        return _HEADER(protocol.CALL, size) + head + body
 
     def _function(self, call: Call) -> list[Any]:
         forget = []
@@ -197,6 +213,17 @@ class Channel:
         """DROP from the worker: it truncated these segments of its own."""
         for (segment_id,) in protocol.SEGMENT.iter_unpack(payload):
             self.results.drop(segment_id)
+
+    def returned(self, task: Task, payload: bytes | bytearray) -> Any:
+        """``outcome`` of a RETURN: a small value with no buffers in shared memory (an idle
+        worker's usual answer) in a straight line (``load_small_return``)."""
+        if (
+            task.raw
+            or payload[_SPAN_COUNT:_RETURN_HEAD] != _NO_SPANS
+            or len(payload) > _SMALL_RETURN
+        ):
+            return self.outcome(task, protocol.RETURN, payload)
+        return load_small_return(payload, task.call.task_id, task.output.name)
 
     def outcome(self, task: Task, kind: int, payload: bytes | bytearray) -> Any:
         """The task's value (or raises its error), as ``load_outcome``; large buffers of a

@@ -126,6 +126,24 @@ class Dispatch(Affinity):
         self._count(worker.pid, ok, len(done) - ok)
         return done
 
+    def task_answered(self, worker: WorkerProcess, duration: int) -> Task | None:
+        """``tasks_answered`` for one RETURN (``duration`` in ns), the answer of a worker that
+        ran one call: the same steps without the lists (``None``: it held no call)."""
+        since = self._since
+        with self._lock:
+            held = worker.held
+            if not held:
+                return None
+            task = held.popleft()
+            call = task.call
+            since.pop(call.task_id, None)
+            if held:  # the next call it holds runs now
+                since[held[0].call.task_id] = time.time()
+            self.habits.timed(call.key, duration / 1e9)
+            self._refill(worker)
+        self._count(worker.pid, 1, 0)
+        return task
+
     def imports_learned(self, worker: WorkerProcess, modules: list[str]) -> None:
         with self._lock:
             self.habits.learned(modules)

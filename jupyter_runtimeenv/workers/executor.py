@@ -173,10 +173,17 @@ class LocalExecutor(Executor):
         if files_out:
             task.files_out = files_out
             task.here = os.getcwd()  # beside the notebook: where files_out go
-        task.finish = _report_files  # a function, not a closure per call: see future.py
         try:
-            while not self._pool_for(runtime_env).submit(task):
-                pass  # that pool began closing (idle, superseded): take the next
+            while True:
+                pool = self._pool_for(runtime_env)
+                # A function, not a closure per call (see future.py); none where the env
+                # has no tree of ours to look at (``_report_files`` would return at once;
+                # an env not known yet may have one).
+                ctx = pool.ctx
+                if ctx is None or (ctx.cwd and TREES_VAR in ctx.env_vars):
+                    task.finish = _report_files
+                if pool.submit(task):
+                    break  # else that pool began closing (idle, superseded): take the next
         except KeyboardInterrupt:
             future.cancel()  # queued already, perhaps, but nobody would hold its future
             raise

@@ -214,6 +214,10 @@ class WorkerProcess(Answers):
             # next call if so (the waiter for this one reads the same, ``read_answer``).
             spare = self._spin.spare(time.perf_counter())
             try:  # as ``_send``, without a closure per call: this is on every round trip
+                one = channel.one_call(tasks, spare)
+                if one is not None:  # an idle worker's call: one buffer, one write
+                    sock.sendall(one)
+                    return
                 for buffers, fds in channel.encode(tasks, spare):
                     protocol.send(sock, buffers, fds)
             except OSError:
