@@ -227,7 +227,9 @@ class Answers:
         not by the events of a poll before the read, which may be stale (the reader thread
         waited for the read lock while a caller read) or older than a frame that came after
         them. Drained after its call was answered, a line went to the next call's cell (a
-        cell's first line, about 1 in 1,500 alternations of two cells; test_pipeline)."""
+        cell's first line, about 1 in 1,500 alternations of two cells; test_pipeline).
+        (Not called for the one answer of a worker that held one call, read by its waiter
+        right after a poll of its own that saw the socket alone: ``_read_for`` says why.)"""
         for fd, _ in poll(0):  # a loop, not any() of a generator: on every round trip
             if fd != sock_fd:
                 self._drain(self.task.output if self.task is not None else self._last)

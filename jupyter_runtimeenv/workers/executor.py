@@ -143,8 +143,9 @@ class LocalExecutor(Executor):
         #: The spec, driver paths and pool of the last ``_pool_for`` (see there).
         self._recent: tuple[RuntimeEnvSpec, tuple[str, ...] | None, Pool] | None = None
         #: The last declared spec ``_pool_for`` found without local content (``refresh``
-        #: gives it back as it is, always: no need to ask at every call).
-        self._static: RuntimeEnvSpec | None = None
+        #: gives it back as it is, always: no need to ask at every call), and whether it
+        #: takes the driver's ``sys.path`` (a property that looks in its fields).
+        self._static: tuple[RuntimeEnvSpec, bool] | None = None
         # Dropping the executor without shutdown() must not leave its workers behind.
         self._finalizer = weakref.finalize(self, _close_pools, self._pools)
 
@@ -222,13 +223,16 @@ class LocalExecutor(Executor):
     def _pool_for(self, declared: RuntimeEnvSpec) -> Pool:
         # The local code as it is now (a stat walk): an edit to a module of the working_dir
         # gives a new env for this call, and the pool of the code before it drains.
-        if declared is self._static:
-            spec = declared
+        static = self._static
+        if static is not None and declared is static[0]:
+            spec, path = static
         elif has_local_content(declared):
             spec = refresh(declared)
+            path = spec.driver_sys_path is True
         else:
-            spec = self._static = declared
-        paths = resolve_driver_sys_path() if spec.driver_sys_path is True else None
+            path = declared.driver_sys_path is True
+            spec, self._static = declared, (declared, path)
+        paths = resolve_driver_sys_path() if path else None
         # The last call's pool, if this one has the very same spec and path objects (both
         # are returned unchanged when nothing changed): no key to hash, no lock to take.
         recent = self._recent

@@ -51,6 +51,9 @@ from .process import WorkerProcess
 
 __all__ = ["Pool", "PoolState", "close_all_pools", "live_pools", "observe"]
 
+#: The states of a pool that takes no new task (``Pool.closed``).
+_ENDING = (PoolState.DRAINING, PoolState.CLOSED)
+
 
 class Pool(Dispatch):
     """Workers for one environment. ``submit`` returns ``False`` once the pool is closing."""
@@ -105,7 +108,7 @@ class Pool(Dispatch):
 
     @property
     def closed(self) -> bool:
-        return self.state in (PoolState.DRAINING, PoolState.CLOSED)
+        return self.state in _ENDING
 
     @property
     def pids(self) -> list[int]:
@@ -153,13 +156,13 @@ class Pool(Dispatch):
     # -- called by the executor -----------------------------------------------------------
     def submit(self, task: Task) -> bool:
         """Run ``task`` on an idle worker, or queue it (starting a worker if allowed)."""
-        if self.closed:
+        if self.state in _ENDING:  # ``closed``, without a property's call: on every call
             return False
         task.call  # noqa: B018 - a payload that is no call fails here, not under the lock
         spawn = spare = None
-        starting: list[WorkerProcess] = []
+        starting: list[WorkerProcess] | tuple[()] = ()
         with self._lock:
-            if self.closed:
+            if self.state in _ENDING:
                 return False
             task.pool = self  # cancelling its future calls cancel_task
             if task.affinity is not None:
@@ -173,7 +176,7 @@ class Pool(Dispatch):
                 worker = self._idle.pop() if self._idle else None
                 if worker is not None:
                     self._assign(worker, task)
-                    spare = self._reserve_spare()
+                    spare = self._reserve_spare() if self.keep_spare else None
                 elif self._pipeline(task) is None:
                     self._queue.append(task)
                     spawn = self._reserve_worker()
