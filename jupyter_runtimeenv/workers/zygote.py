@@ -23,7 +23,8 @@ A worker is spawned as before (``fork`` returns None) when it cannot be forked e
   itself; an env's own interpreter (a pip/uv/conda env's venv) starts its template at its
   second worker, the first is spawned alone: its template is one more interpreter start,
   which pays only once a second worker comes (four new pip envs at once on 2 CPUs, W3, ran
-  1.4x their floor with a template each, 1.08x with none); a later worker waits up to
+  1.4x their floor with a template each, 1.08x with none; after its template retired,
+  the count starts again); a later worker waits up to
   ``READY_WAIT`` for a template that is starting; a template that cannot fork here (not
   Linux x86_64/aarch64 with glibc) is remembered, and its interpreter's workers are spawned;
 - ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
@@ -42,6 +43,7 @@ template's string hash seed unless ``PYTHONHASHSEED`` fixes one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import socket
@@ -88,8 +90,10 @@ _lock = threading.Lock()
 _Key = tuple[tuple[str, int, int, int], tuple[tuple[str, str], ...]]
 _templates: dict[_Key, Template] = {}
 #: Interpreters other than the driver's whose first worker was spawned with no template
-#: started (``_template``): the next worker of one starts it.
-_spawned_once: set[_Key] = set()
+#: started (``_template``): the next worker of one starts it. The latest ``SPAWNED_ONCE``
+#: only (a process may use thousands of one-off envs); one forgotten is spawned alone again.
+_spawned_once: collections.OrderedDict[_Key, None] = collections.OrderedDict()
+SPAWNED_ONCE = 1024
 #: Templates out of the registry whose stop (in another thread) may not have returned yet:
 #: ``stop_all`` stops them too, so that it returns with everything of theirs reaped.
 _retiring: set[Template] = set()
@@ -151,8 +155,11 @@ def _template(
     with _lock:
         template = _templates.get(key)
         if template is None and key not in _spawned_once and not _drivers(identity[0]):
-            _spawned_once.add(key)
+            _spawned_once[key] = None
+            if len(_spawned_once) > SPAWNED_ONCE:
+                _spawned_once.popitem(last=False)
             return None  # an env's own interpreter: its first worker is spawned alone
+        _spawned_once.pop(key, None)  # it has (or now starts) a template
         if template is None or template.state == "stopped":
             if template is not None:  # found dead by a fork: reap it and its spare
                 _retiring.add(template)

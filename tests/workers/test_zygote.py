@@ -469,3 +469,23 @@ def test_an_envs_own_interpreter_starts_its_template_at_its_second_worker(
     # The driver's own interpreter still starts its template with its first worker.
     run_snapshot(ctx, pools, spawn=False)
     assert [t for t in zygote.templates() if t.python == ctx.python]
+
+
+def test_only_the_latest_one_worker_interpreters_are_remembered(
+    ctx: EnvContext, pools: Callable[..., Pool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that uses thousands of one-off envs keeps no record of each: one forgotten
+    # is only spawned alone again.
+    monkeypatch.setattr(zygote, "SPAWNED_ONCE", 1)
+    paths = (*ctx.driver_sys_path, *site.getsitepackages())
+    envs = []
+    for name in ("a", "b"):
+        venv = tmp_path / name
+        subprocess.run([uv_bin(), "venv", "-q", str(venv), "--python", sys.executable], check=True)
+        envs.append(ctx.replace(python=str(venv / "bin" / "python"), driver_sys_path=paths))
+    a, b = envs
+    assert not run_snapshot(a, pools, spawn=False)["forked"]
+    assert not run_snapshot(b, pools, spawn=False)["forked"]  # a is forgotten
+    assert not run_snapshot(a, pools, spawn=False)["forked"]  # a's "first" again
+    assert zygote.templates() == []
+    assert len(zygote._spawned_once) == 1
