@@ -20,10 +20,11 @@ import psutil
 import pytest
 
 from jupyter_runtimeenv import api
+from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.agent import RuntimeEnvAgent
 from jupyter_runtimeenv.client import EmbeddedClient
 from jupyter_runtimeenv.context import EnvContext
-from jupyter_runtimeenv.workers import zygote
+from jupyter_runtimeenv.workers import process, protocol, zygote
 from jupyter_runtimeenv.workers.executor import LocalExecutor, resolve_driver_sys_path
 from jupyter_runtimeenv.workers.pool import Pool
 from tests.workers.helpers import worker_children
@@ -127,3 +128,18 @@ def agent_executor(client: EmbeddedClient) -> Iterator[LocalExecutor]:
     api.init(executor=executor)
     yield executor
     executor.shutdown()
+
+
+@pytest.fixture(params=["spare CPU", "busy"])
+def machine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The driver's view of the machine: with a CPU to spare (``/proc/loadavg``'s runnable
+    tasks: 1) a waiter polls for its answer; here every wait counts as back to back, so it
+    polls for its whole read window whatever the real machine's timing; busy: it blocks.
+    A test that takes it runs both ways (test_answer_read.py, test_idle_path.py)."""
+    path = tmp_path / "loadavg"
+    runnable = 1 if request.param == "spare CPU" else 64
+    path.write_bytes(f"0.00 0.00 0.00 {runnable}/100 1\n".encode())
+    monkeypatch.setattr(process, "GAUGE", Gauge(str(path)))
+    if request.param == "spare CPU":
+        monkeypatch.setattr(protocol, "SPIN_WINDOW", 60.0)
+    return str(request.param)

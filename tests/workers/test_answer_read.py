@@ -22,33 +22,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.errors import BrokenWorker
-from jupyter_runtimeenv.workers import process, protocol
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
 from tests.workers.helpers import submit
 
-
-@pytest.fixture(autouse=True, params=["spare CPU", "busy"])
-def machine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The driver's view of the machine: with a CPU to spare (``/proc/loadavg``'s runnable
-    tasks: 1) a waiter polls for its answer; here every wait counts as back to back, so it
-    polls for its whole read window whatever the real machine's timing; busy: it blocks."""
-    path = tmp_path / "loadavg"
-    runnable = 1 if request.param == "spare CPU" else 64
-    path.write_bytes(f"0.00 0.00 0.00 {runnable}/100 1\n".encode())
-    monkeypatch.setattr(process, "GAUGE", Gauge(str(path)))
-    if request.param == "spare CPU":
-        monkeypatch.setattr(protocol, "SPIN_WINDOW", 60.0)
-    return str(request.param)
+#: Every test runs with a CPU to spare and on a busy machine (conftest's ``machine``).
+pytestmark = pytest.mark.usefixtures("machine")
 
 
 def noop() -> None:

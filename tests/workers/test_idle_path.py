@@ -19,16 +19,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jupyter_runtimeenv._cpuload import Gauge
 from jupyter_runtimeenv.context import EnvContext
 from jupyter_runtimeenv.errors import BrokenWorker, SerializationError
 from jupyter_runtimeenv.spec import parse
-from jupyter_runtimeenv.workers import answers, process, protocol
+from jupyter_runtimeenv.workers import answers, protocol
 from jupyter_runtimeenv.workers.channel import Channel
 from jupyter_runtimeenv.workers.executor import (
     LocalExecutor,
@@ -46,18 +44,6 @@ from jupyter_runtimeenv.workers.serialize import (
     prepare_call,
 )
 from tests.workers.helpers import submit
-
-
-@pytest.fixture(params=["spare CPU", "busy"])
-def machine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The driver's view of the machine (see test_answer_read.py's fixture of that name)."""
-    path = tmp_path / "loadavg"
-    runnable = 1 if request.param == "spare CPU" else 64
-    path.write_bytes(f"0.00 0.00 0.00 {runnable}/100 1\n".encode())
-    monkeypatch.setattr(process, "GAUGE", Gauge(str(path)))
-    if request.param == "spare CPU":
-        monkeypatch.setattr(protocol, "SPIN_WINDOW", 60.0)
-    return str(request.param)
 
 
 @pytest.fixture
