@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,3 +32,19 @@ def submit(pool: Pool, function: Callable[..., Any], *args: Any, **kwargs: Any) 
     task.payload = dump_call(task.id, function, args, kwargs, name)
     assert pool.submit(task)
     return future
+
+
+# Tasks that several test modules run (picklable by reference: this module is importable in
+# a worker, as the tests' own are).
+def noop() -> None:
+    return None
+
+
+def echo(value: int) -> int:
+    print(f"line {value}")
+    return value
+
+
+def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"

@@ -31,24 +31,10 @@ from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import dump_call
-from tests.workers.helpers import submit
+from tests.workers.helpers import echo, nap, noop, submit
 
 #: Every test runs with a CPU to spare and on a busy machine (conftest's ``machine``).
 pytestmark = pytest.mark.usefixtures("machine")
-
-
-def noop() -> None:
-    return None
-
-
-def echo(value: int) -> int:
-    print(f"line {value}")
-    return value
-
-
-def nap(seconds: float) -> str:
-    time.sleep(seconds)
-    return "rested"
 
 
 def die() -> None:
@@ -97,6 +83,9 @@ def test_the_worker_polls_for_its_next_call_as_the_driver_read_the_machine(
 def test_output_before_an_answer_goes_to_its_own_call_first(
     make_pool: Callable[..., Pool],
 ) -> None:
+    """Each call's line reaches its own target before its result: on the waiter's short
+    path for an idle worker's one call (no second poll for output, test_idle_path.py) and
+    on the general one (the line's pipe seen with the answer)."""
     pool = make_pool(max_workers=1)
     for value in range(100):
         out = io.StringIO()

@@ -10,8 +10,6 @@ file the driver's ``_cpuload.Gauge`` reads), as in test_answer_read.py.
 
 from __future__ import annotations
 
-import contextvars
-import io
 import os
 import pickle
 import socket
@@ -38,12 +36,11 @@ from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool
 from jupyter_runtimeenv.workers.serialize import (
     SMALL_VALUE,
-    dump_call,
     load_outcome,
     load_small_return,
     prepare_call,
 )
-from tests.workers.helpers import submit
+from tests.workers.helpers import echo, nap, noop, submit
 
 
 @pytest.fixture
@@ -56,22 +53,8 @@ def channel() -> Iterator[Channel]:
         theirs.close()
 
 
-def noop() -> None:
-    return None
-
-
-def echo(value: int) -> int:
-    print(f"line {value}")
-    return value
-
-
 def big(size: int) -> str:
     return "x" * size
-
-
-def nap(seconds: float) -> str:
-    time.sleep(seconds)
-    return "rested"
 
 
 def answer_again_later() -> int:
@@ -190,23 +173,6 @@ def test_the_waiter_reads_an_idle_worker_s_answer_without_a_second_poll(
     here = threading.current_thread()
     assert here in settled_in  # this thread read answers (some, at least)
     assert here not in general
-
-
-def test_output_with_an_idle_worker_s_answer_goes_to_its_call_first(
-    make_pool: Callable[..., Pool], machine: str
-) -> None:
-    """The waiter's path without the second poll, and the general one (the line's pipe seen
-    with the answer), each deliver a call's line to its own target before its result."""
-    pool = make_pool(max_workers=1)
-    for value in range(150):
-        out = io.StringIO()
-        target = OutputTarget("echo", out, io.StringIO(), contextvars.copy_context())
-        future: RemoteFuture[Any] = RemoteFuture("echo")
-        task = Task(b"", future, target)
-        task.payload = dump_call(task.id, echo, (value,), {}, "echo")
-        assert pool.submit(task)
-        assert future.result(timeout=60) == value
-        assert out.getvalue().endswith(f") line {value}\n"), (value, out.getvalue())
 
 
 def test_large_and_small_answers_each_way(make_pool: Callable[..., Pool], machine: str) -> None:
