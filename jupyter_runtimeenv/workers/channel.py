@@ -117,6 +117,10 @@ class Channel:
         one = self.one_call(tasks, spare)
         if one is not None:
             return [([one], [])]
+        return self.packets(tasks, spare)
+
+    def packets(self, tasks: Sequence[Task], spare: bool = False) -> list[Packet]:
+        """``encode`` without its one-call case: for a caller that tried ``one_call``."""
         packets: list[Packet] = []
         # What ``notices`` looks at, first here: there is nothing to tell on most calls.
         current = self.notices() if self.results.freed or self._segments else []

@@ -181,7 +181,7 @@ class LocalExecutor(Executor):
                 # has no tree of ours to look at (``_report_files`` would return at once;
                 # an env not known yet may have one).
                 ctx = pool.ctx
-                if ctx is None or (ctx.cwd and TREES_VAR in ctx.env_vars):
+                if ctx is None or _tree(ctx) is not None:
                     task.finish = _report_files
                 if pool.submit(task):
                     break  # else that pool began closing (idle, superseded): take the next
@@ -295,11 +295,17 @@ def _watching_trees(acquire: AcquireFn) -> AcquireFn:
 
     def get(spec: RuntimeEnvSpec, holder: str) -> EnvContext:
         ctx = acquire(spec, holder)
-        if ctx.cwd and TREES_VAR in ctx.env_vars:
-            files.changes_in(ctx.cwd)
+        if (tree := _tree(ctx)) is not None:
+            files.changes_in(tree)
         return ctx
 
     return get
+
+
+def _tree(ctx: EnvContext) -> str | None:
+    """The env's working directory where it is a tree of ours (what its tasks write there is
+    told and may be copied back), else None."""
+    return ctx.cwd if ctx.cwd and TREES_VAR in ctx.env_vars else None
 
 
 def _report_files(task: Task) -> None:
@@ -307,9 +313,10 @@ def _report_files(task: Task) -> None:
     directory in one line of its output, and copy back what ``task.files_out`` selects."""
     pool = task.pool  # the pool that took it
     ctx = pool.ctx if isinstance(pool, Pool) else None
-    if ctx is None or not ctx.cwd or TREES_VAR not in ctx.env_vars:
+    tree = _tree(ctx) if ctx is not None else None
+    if tree is None:
         return
-    written = files.changes_in(ctx.cwd).take()
+    written = files.changes_in(tree).take()
     if written and task.files_out:
         written = files.copy_back(written, task.files_out, task.here)
     task.future.files = written

@@ -218,7 +218,7 @@ class WorkerProcess(Answers):
                 if one is not None:  # an idle worker's call: one buffer, one write
                     sock.sendall(one)
                     return
-                for buffers, fds in channel.encode(tasks, spare):
+                for buffers, fds in channel.packets(tasks, spare):
                     protocol.send(sock, buffers, fds)
             except OSError:
                 pass  # dying: the reader thread reports it
