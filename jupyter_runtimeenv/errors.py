@@ -18,7 +18,8 @@
     └── RemoteTaskError              the task raised; renders the remote traceback
 
     KeyboardInterrupt
-    └── RemoteInterrupt              an interrupt that cancelled the remote tasks it waited on
+    └── RemoteInterrupt              an interrupt that cancelled the remote tasks it waited on,
+                                     or stopped a cell waiting for a build (which goes on)
 
 Third-party errors are converted at the boundary where they enter this package.
 """
@@ -401,7 +402,8 @@ def _dual_class(
 
 class RemoteInterrupt(KeyboardInterrupt):
     """An interrupt (Ctrl-C, the notebook's stop button) while ``get``, ``wait``, ``result``
-    or ``%%remote`` waited: it cancelled ``cancelled`` (their workers were killed).
+    or ``%%remote`` waited: it cancelled ``cancelled`` (their workers were killed); or while
+    ``%runtime_env`` waited for a build, which goes on (``cancelled`` is empty).
 
     A ``KeyboardInterrupt``, so code that catches interrupts still does; not a
     ``RuntimeEnvError``, so ``except Exception`` does not swallow it. IPython shows its one

@@ -138,7 +138,7 @@ def show_widget(env_id: str) -> tuple[Any, Any]:
     return widget, display(widget, display_id=True)
 
 
-def build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
+def build_in_widget(spec: RuntimeEnvSpec, holder: str, name: str | None = None) -> Any:
     """``build_now`` shown in a ``BuildStatusWidget``, displayed now and replaced at the end by
     its static form (text/html and text/plain: what text-only frontends and saved notebooks
     show)."""
@@ -147,6 +147,6 @@ def build_in_widget(spec: RuntimeEnvSpec, holder: str) -> Any:
 
     widget, handle = show_widget(spec.env_id)
     try:
-        return build_now(spec, get_client(), holder, sys.stdout, widget)
+        return build_now(spec, get_client(), holder, sys.stdout, widget, name=name)
     finally:
         widget.finalize(handle)

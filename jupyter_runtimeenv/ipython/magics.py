@@ -213,9 +213,9 @@ class RuntimeEnvMagics(Magics):
         client = get_client()
         try:
             if widget:
-                summary = build_in_widget(resolved, holder)
+                summary = build_in_widget(resolved, holder, name)
             else:
-                summary = build_now(resolved, client, holder, sys.stdout)
+                summary = build_now(resolved, client, holder, sys.stdout, name=name)
         except BuildError as exc:
             # The widget, or the streamed lines, showed the output: the error says it once.
             streamed = widget or isinstance(client, EmbeddedClient)

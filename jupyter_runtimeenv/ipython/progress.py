@@ -14,6 +14,7 @@ by that protocol: ``widget.py`` depends on this one, not the other way round.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -25,11 +26,13 @@ from typing import Any, Protocol, TextIO
 from ..agent.events import Event
 from ..client import AgentClient, EmbeddedClient
 from ..context import EnvContext
-from ..errors import BuildError, RuntimeEnvError
+from ..errors import BuildError, RemoteInterrupt, RuntimeEnvError
 from ..spec import RuntimeEnvSpec
 
 __all__ = ["BuildSummary", "BuildView", "build_now", "format_event", "kept", "step_label"]
 
+#: The state a build widget ends in when the cell stopped waiting (the build goes on).
+INTERRUPTED = "INTERRUPTED"
 #: How often the widget asks the server's agent for the build's state and log.
 POLL_SECONDS = 0.3
 
@@ -69,11 +72,16 @@ def build_now(
     holder: str,
     out: TextIO,
     widget: BuildView | None = None,
+    *,
+    name: str | None = None,
 ) -> BuildSummary:
     """Acquire ``spec`` for ``holder`` through ``client``, printing progress to ``out``
     (or showing it in ``widget``, which is finished with the outcome either way).
 
-    Raises what the acquisition raises (``BuildError``, ``AgentUnavailable`` ...).
+    Raises what the acquisition raises (``BuildError``, ``AgentUnavailable`` ...). An
+    interrupt while it waits raises ``RemoteInterrupt``: one line saying that the env
+    ``name`` (``None``: the default) stays as it was and the build goes on; the widget ends
+    ``INTERRUPTED`` and ``holder``'s reference is dropped.
     """
     events: queue.Queue[Event] = queue.Queue()
     unsubscribe: Callable[[], None] | None = None
@@ -87,8 +95,8 @@ def build_now(
     poll = _poller(client, env_id, widget) if widget is not None and unsubscribe is None else None
     started = time.perf_counter()
     built = False
+    future = _in_thread(lambda: client.acquire_sync(spec, holder))
     try:
-        future = _in_thread(lambda: client.acquire_sync(spec, holder))
         next_poll = started
         while True:
             done = future.done()
@@ -123,6 +131,13 @@ def build_now(
             if widget is not None:
                 widget.finish("FAILED", time.perf_counter() - started)
             raise
+    except KeyboardInterrupt:
+        # The stop button while the cell waited: the build goes on (another notebook may
+        # wait for it too), this cell stops waiting and lets go of its reference.
+        if widget is not None:
+            widget.finish(INTERRUPTED, time.perf_counter() - started)
+        _let_go(future, client, env_id, holder)
+        raise RemoteInterrupt(interrupted_message(env_id, name)) from None
     finally:
         if unsubscribe is not None:
             unsubscribe()
@@ -131,6 +146,31 @@ def build_now(
     if widget is not None:
         widget.finish("READY", seconds)
     return BuildSummary(spec.env_id, context, seconds, cached)
+
+
+def interrupted_message(env_id: str, name: str | None) -> str:
+    """What an interrupted ``%runtime_env`` says, in one line."""
+    return (
+        f"runtime_env: stopped waiting for the build of {env_id[:12]}; {kept(name)} (the"
+        " build goes on in the background: run the cell again to use it)"
+    )
+
+
+def _let_go(future: Future[EnvContext], client: AgentClient, env_id: str, holder: str) -> None:
+    """Drop ``holder``'s reference now and again once the acquisition ends (the request may
+    not have reached the agent yet), on a daemon thread: nothing holds the env for a cell
+    that stopped waiting, and the interrupted cell returns at once."""
+
+    def release() -> None:
+        with contextlib.suppress(RuntimeEnvError, OSError):
+            client.release_sync(env_id, holder)
+
+    def run() -> None:
+        release()
+        wait([future])
+        release()
+
+    threading.Thread(target=run, name="runtime-env-let-go", daemon=True).start()
 
 
 def _poller(client: AgentClient, env_id: str, widget: BuildView) -> Callable[[], None] | None:

@@ -29,7 +29,7 @@ from typing import Any
 import ipywidgets
 
 from ..agent.events import Event
-from .progress import format_event, step_label
+from .progress import INTERRUPTED, format_event, step_label
 
 __all__ = ["BuildStatusWidget", "widgets_available"]
 
@@ -51,7 +51,10 @@ _COLORS = {
     "FAILED": "var(--jp-error-color0, #c00)",
     "BUILDING": "var(--jp-warn-color0, #b60)",
     "PENDING": "var(--jp-ui-font-color2, gray)",
+    INTERRUPTED: "var(--jp-ui-font-color2, gray)",
 }
+#: What an interrupted build's widget says under its steps (their marks are as last seen).
+_LEFT = "the cell stopped waiting here; the build goes on in the background"
 #: The output box: at most 12 lines high, scrolled to its end by ``column-reverse``.
 _LOG_STYLE = (
     "max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse;"
@@ -221,6 +224,8 @@ class BuildStatusWidget:
         message = self._unshown_message()
         if message:
             error = f'<div style="color:var(--jp-error-color0, #c00)">{html.escape(message)}</div>'
+        elif self.state == INTERRUPTED:
+            error = f'<div style="color:{_COLORS[INTERRUPTED]}">{_LEFT}</div>'
 
         table = '<table style="border-collapse:collapse">'
         return f"{table}{''.join(rows)}</table>{error}" if rows or error else ""
@@ -251,6 +256,8 @@ class BuildStatusWidget:
             out.append(
                 f"  failed{f' step {step}' if step else ''}{f': {message}' if message else ''}"
             )
+        if self.state == INTERRUPTED:
+            out.append(f"  {_LEFT}")
         out.append(f"runtime env {self.env_id[:12]} — {self.state} ({self.seconds:.1f} s)")
         return "\n".join(out)
 
