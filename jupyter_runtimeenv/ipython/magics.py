@@ -9,7 +9,8 @@ exactly what it says. With ``config.eager_install`` (the default) the environmen
 at once, through the same client and with the same resolved ``driver_sys_path`` that the
 first task will use, so that task finds it ready; ``--background`` returns at once and
 leaves the build running (the first task waits for it). The magic keeps one reference per
-env (default or name) on what it built and drops it when that env changes. Bad input is one
+env (default or name) on what it built and drops it when that env changes or is forgotten
+(``--clear``, ``shutdown()``, ``init(runtime_env=None)``). Bad input is one
 ``UsageError`` line naming the field, and changes nothing.
 
 The flags and the cell body become a spec in ``_env_specs.py``; builds in a widget, as text
@@ -67,6 +68,7 @@ class RuntimeEnvMagics(Magics):
         self._builds = 0
         #: Show builds in a widget: ``None`` decides by the shell (``widgets_available``).
         self.widget: bool | None = None
+        session.observe(self._release_forgotten)
 
     @magic_arguments()
     @argument("--name", metavar="NAME", help="declare (or change) the env NAME, not the default")
@@ -278,6 +280,19 @@ class RuntimeEnvMagics(Magics):
             # RuntimeEnvError: the agent is gone, and its references went with it.
             with contextlib.suppress(RuntimeEnvError):
                 client.release_sync(*held)
+
+    def _release_forgotten(self) -> None:
+        """Drop the references of envs the session no longer declares: ``shutdown()`` and
+        ``init(runtime_env=None)`` forget them without this magic, and a notebook that forgot
+        an env must not hold it (the sidebar would list it under the notebook, GC could not
+        take it). Who calls it: ``session``, after each change (a build's reference is taken
+        before its env is declared, and no change comes between)."""
+        names = set(session.names())
+        default = session.default_runtime_env()
+        with self._lock:
+            gone = [n for n in self._held if (default is None if n is None else n not in names)]
+        for name in gone:
+            self.release(name)
 
     def listing(self) -> str:
         """``--list``: the default and named envs with their env ids and the agent's states."""
