@@ -129,13 +129,18 @@ def show_widget(env_id: str) -> tuple[Any, Any]:
     import IPython.display
 
     from ..client import EmbeddedClient, get_client
+    from .static import METADATA_KEY
     from .widget import BuildStatusWidget
 
     widget = BuildStatusWidget(env_id)
     # The server's agent builds it: the JupyterLab extension can open its log.
     widget.view_log = not isinstance(get_client(), EmbeddedClient)
     display: Any = IPython.display.display  # untyped
-    return widget, display(widget, display_id=True)
+    # The env it builds, for the JupyterLab extension: a widget still live when its kernel
+    # restarts or dies never gets its static form, and the extension replaces it by a line
+    # with the env's state in the server (``labextension/src/outputs.ts``).
+    metadata = {METADATA_KEY: {"build": env_id}}
+    return widget, display(widget, display_id=True, metadata=metadata)
 
 
 def build_in_widget(spec: RuntimeEnvSpec, holder: str, name: str | None = None) -> Any:

@@ -158,7 +158,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.docRegistry.addWidgetExtension('Notebook', {
       createNew: (nb: NotebookPanel, _context: DocumentRegistry.IContext<any>) => {
-        followFinalUpdates(nb);
+        followFinalUpdates(nb, transport);
         const badge = new NotebookEnvBadge(nb, transport, model);
         nb.toolbar.insertItem(10, 'runtimeEnv', badge);
         return badge;

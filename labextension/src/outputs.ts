@@ -11,8 +11,15 @@
  * kernel we ask the kernel for the static forms of the widgets it shows that finished
  * meanwhile (``final_bundles``, a silent ``user_expressions`` request that imports nothing:
  * it answers only in a kernel that loaded the extension).
+ *
+ * A build widget still live when its kernel restarts or dies never gets its static form (the
+ * kernel that would send it is gone) and would say BUILDING for ever: its display's metadata
+ * names the env it builds (``{"jupyter_runtimeenv": {"build": env_id}}``), and when the
+ * notebook's kernel restarts we replace it by one line with the env's state in the server.
  */
 import type { NotebookPanel } from '@jupyterlab/notebook';
+
+import type { ITransport } from './model';
 
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
 export const METADATA_KEY = 'jupyter_runtimeenv';
@@ -26,7 +33,10 @@ export interface IMessageLike {
 /** The part of an output list (``IOutputAreaModel``) this module uses. */
 export interface IOutputsLike {
   readonly length: number;
-  get(index: number): { data: Record<string, unknown> };
+  get(index: number): {
+    data: Record<string, unknown>;
+    metadata?: Record<string, unknown>;
+  };
   set(index: number, output: IStaticOutput): void;
 }
 
@@ -80,6 +90,90 @@ export function widgetModels(outputs: IOutputsLike): string[] {
     }
   }
   return ids;
+}
+
+/** The env id a live build widget output shows (its display's metadata), else ``null``. */
+export function liveBuild(output: {
+  data: Record<string, unknown>;
+  metadata?: Record<string, unknown>;
+}): string | null {
+  const ours = output.metadata?.[METADATA_KEY] as { build?: unknown } | undefined;
+  const envId = ours?.build;
+  return output.data[WIDGET_MIME] && typeof envId === 'string' ? envId : null;
+}
+
+function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
+}
+
+/** What replaces a live build widget whose kernel restarted: its env's ``state`` in the
+ * server then (``null``: the server does not know it), said so that it stays true. */
+export function orphanedBuild(envId: string, state: string | null): IStaticOutput {
+  const id = envId.slice(0, 12);
+  let head: string;
+  let why: string;
+  if (state === 'READY' || state === 'FAILED') {
+    head = `${state} in the server`;
+    why = 'the kernel restarted before this cell saw it end: run the cell again';
+  } else if (state === 'BUILDING' || state === 'PENDING') {
+    head = 'the kernel restarted while it was building';
+    why = 'the build goes on in the server, the sidebar follows it: run the cell again to use it';
+  } else {
+    head = 'the kernel restarted before its build ended';
+    why = 'run the cell again';
+  }
+  return {
+    output_type: 'display_data',
+    data: {
+      'text/html':
+        `<div><b>runtime env <code>${escapeHtml(id)}</code></b> &mdash; ` +
+        `<b>${escapeHtml(head)}</b> ` +
+        `<span style="color:var(--jp-ui-font-color2)">(${escapeHtml(why)})</span></div>`,
+      'text/plain': `runtime env ${id} — ${head} (${why})`
+    },
+    metadata: { [METADATA_KEY]: { build: envId, orphaned: true } }
+  };
+}
+
+/** Replace every live build widget of ``panel`` by its env's state in the server (its
+ * kernel restarted or died); how many were replaced. */
+export async function replaceOrphanedBuilds(
+  panel: NotebookPanel,
+  transport: ITransport
+): Promise<number> {
+  const lists = codeOutputs(panel);
+  const envIds = new Set<string>();
+  for (const outputs of lists) {
+    for (let i = 0; i < outputs.length; i++) {
+      const envId = liveBuild(outputs.get(i));
+      if (envId) {
+        envIds.add(envId);
+      }
+    }
+  }
+  const states = new Map<string, string | null>();
+  for (const envId of envIds) {
+    try {
+      const env = await transport.request<{ state?: string }>(
+        'GET',
+        `envs/${encodeURIComponent(envId)}`
+      );
+      states.set(envId, env.state ?? null);
+    } catch {
+      states.set(envId, null); // removed, or the server is unreachable
+    }
+  }
+  let swapped = 0;
+  for (const outputs of lists) {
+    for (let i = 0; i < outputs.length; i++) {
+      const envId = liveBuild(outputs.get(i));
+      if (envId && states.has(envId)) {
+        outputs.set(i, orphanedBuild(envId, states.get(envId) ?? null));
+        swapped += 1;
+      }
+    }
+  }
+  return swapped;
 }
 
 /** The Python expression asking the kernel for the static forms of ``ids``. */
@@ -137,15 +231,23 @@ export async function fetchFinals(panel: NotebookPanel): Promise<number> {
   return swapped;
 }
 
-/** Follow ``panel``'s kernel: apply final updates to outputs of any cell, and fetch the
- * finals of widgets that ended while no view of this notebook listened. */
-export function followFinalUpdates(panel: NotebookPanel): void {
+/** Follow ``panel``'s kernel: apply final updates to outputs of any cell, fetch the finals
+ * of widgets that ended while no view of this notebook listened, and replace the build
+ * widgets a restarted (or dead) kernel left live. */
+export function followFinalUpdates(panel: NotebookPanel, transport: ITransport): void {
   const fetch = () =>
     void fetchFinals(panel).catch(reason =>
       console.debug('jupyter-runtimeenv: no final widget outputs', reason)
     );
   void panel.sessionContext.ready.then(fetch);
   panel.sessionContext.kernelChanged.connect(fetch);
+  panel.sessionContext.statusChanged.connect((_, status) => {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      void replaceOrphanedBuilds(panel, transport).catch(reason =>
+        console.debug('jupyter-runtimeenv: build widgets not replaced', reason)
+      );
+    }
+  });
   panel.sessionContext.iopubMessage.connect((_, msg) => {
     const ids = replacedModels(msg);
     const cells = panel.model?.cells;

@@ -6,6 +6,8 @@ import {
   METADATA_KEY,
   WIDGET_MIME,
   finalsExpression,
+  liveBuild,
+  orphanedBuild,
   replaceOutputs,
   replacedModels,
   widgetModels
@@ -80,5 +82,33 @@ describe('finals asked of the kernel', () => {
     expect(expr).toContain("modules.get('jupyter_runtimeenv.ipython.static')");
     expect(expr).toContain('(["ab12","cd34"])');
     expect(expr).not.toContain('import ');
+  });
+});
+
+describe('build widgets a restarted kernel left live', () => {
+  const widget = { [WIDGET_MIME]: { model_id: 'm1' } };
+  it('knows a live build widget by its metadata, and nothing else', () => {
+    const build = { [METADATA_KEY]: { build: 'ab'.repeat(32) } };
+    expect(liveBuild({ data: widget, metadata: build })).toBe('ab'.repeat(32));
+    expect(liveBuild({ data: widget, metadata: {} })).toBeNull();
+    expect(liveBuild({ data: widget })).toBeNull();
+    // Its static form (the same metadata key, no widget) is not live.
+    expect(liveBuild({ data: { 'text/plain': 'x' }, metadata: build })).toBeNull();
+  });
+  it('says what stays true: a final state, or that the build goes on', () => {
+    const id = 'cd'.repeat(32);
+    const ready = orphanedBuild(id, 'READY');
+    expect(ready.data['text/plain']).toBe(
+      'runtime env cdcdcdcdcdcd — READY in the server (the kernel restarted before this cell' +
+        ' saw it end: run the cell again)'
+    );
+    expect(liveBuild(ready)).toBeNull();
+    expect(orphanedBuild(id, 'BUILDING').data['text/plain']).toContain(
+      'the kernel restarted while it was building (the build goes on in the server'
+    );
+    expect(orphanedBuild(id, null).data['text/plain']).toContain(
+      'the kernel restarted before its build ended'
+    );
+    expect(String(orphanedBuild('<b>', 'FAILED').data['text/html'])).toContain('&#60;b&#62;');
   });
 });

@@ -64,9 +64,11 @@ class Lab(JupyterProcess):
         ]:
             (settings / extension).mkdir(parents=True, exist_ok=True)
             (settings / extension / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
+        own = _own_build(tmp / "own")
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "JUPYTER_PATH": os.pathsep.join([str(own), os.environ.get("JUPYTER_PATH", "")]),
             "JUPYTER_CONFIG_DIR": str(tmp / "config"),
             "JUPYTER_DATA_DIR": str(tmp / "data"),
             "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
@@ -87,6 +89,20 @@ class Lab(JupyterProcess):
                 *extra,
             ],
         )
+
+
+def _own_build(data: Path) -> Path:
+    """A data directory holding this checkout's build of the extension, for ``JUPYTER_PATH``,
+    which comes before the environment's directory (where ``./dev`` links the build of the
+    checkout it ran in): a worktree sharing another checkout's ``.venv`` tests its own
+    frontend, as its kernels and servers import its own package (PYTHONPATH). JupyterLab takes
+    an extension from the first labextensions directory that has it."""
+    own = ROOT / "jupyter_runtimeenv" / "labextension"
+    link = data / "labextensions" / "jupyter-runtimeenv"
+    if (own / "package.json").exists() and not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(own)
+    return data
 
 
 class Page:
