@@ -2,10 +2,11 @@
 JupyterLab in headless Chromium, the sidebar open, as a new user runs it (session 14).
 
 Every cell runs without an error; while it runs, the sidebar groups the notebook's two envs
-under it by their names; its last cell, ``shutdown()`` ("stop the workers and release their
-environments"), leaves nothing held by the notebook: before session 14 the envs stayed under
-the notebook, unnamed, held by the references of the ``%runtime_env`` builds, which only
-``--clear`` dropped, so GC could not take them until the kernel died.
+under it by their names, the notebook's path shown whole; its last cell, ``shutdown()`` ("stop
+the workers and release their environments"), leaves nothing held by the notebook: before
+session 14 the envs stayed under the notebook, unnamed, held by the references of the
+``%runtime_env`` builds, which only ``--clear`` dropped, so GC could not take them until the
+kernel died.
 Screenshots: ``tests/lab/screenshots/quickstart-*.png``.
 """
 
@@ -53,6 +54,13 @@ def test_the_quickstart_cell_by_cell_and_shutdown_lets_its_envs_go(
             expect(group.locator(".jp-RuntimeEnv-name.jp-mod-named")).to_have_text(
                 ["(default)", "slow"], timeout=30_000
             )
+            # The notebook's path whole at the sidebar's default width (its counts showed it
+            # as "noteb…"), and its counts too.
+            title = group.locator(".jp-RuntimeEnv-groupTitle")
+            assert title.evaluate("e => e.scrollWidth <= e.clientWidth"), title.inner_text()
+            meta = group.locator(".jp-RuntimeEnv-groupHead .jp-RuntimeEnv-meta")
+            expect(meta).to_contain_text("2 envs")
+            assert meta.evaluate("e => e.scrollWidth <= e.clientWidth")
             view.shot("01-before-shutdown")
     errors = page.evaluate(
         "() => window.jupyterapp.shell.currentWidget.content.widgets"
