@@ -24,9 +24,12 @@ A worker is spawned as before (``fork`` returns None) when it cannot be forked e
   second worker, the first is spawned alone: its template is one more interpreter start,
   which pays only once a second worker comes (four new pip envs at once on 2 CPUs, W3, ran
   1.4x their floor with a template each, 1.08x with none; after its template retired,
-  the count starts again); a later worker waits up to
-  ``READY_WAIT`` for a template that is starting; a template that cannot fork here (not
-  Linux x86_64/aarch64 with glibc) is remembered, and its interpreter's workers are spawned;
+  the count starts again). That second worker waits up to ``STARTING_WAIT`` for the
+  template it starts and is forked from it: one interpreter start, where spawning it beside
+  its template made two at once (calls on the env's first worker meanwhile, as W2's are,
+  shared the CPUs with both). A later worker waits up to ``READY_WAIT`` for a template that
+  is starting; a template that cannot fork here (not Linux x86_64/aarch64 with glibc) is
+  remembered, and its interpreter's workers are spawned;
 - ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
 
 A ready template of the driver's own interpreter also forks the hash helper of a new tree
@@ -69,6 +72,9 @@ __all__ = [
 ZYGOTE_VAR = "JUPYTER_RUNTIMEENV_ZYGOTE"
 #: How long a worker waits for a template that is starting before it is spawned instead.
 READY_WAIT = 0.1
+#: How long the worker that starts an env's own template waits for it (a spawn instead would
+#: be an interpreter start too); then it is spawned (the template may still become ready).
+STARTING_WAIT = 10.0
 _START_NAMES = frozenset(("LANG", "HOME", "GLIBC_TUNABLES"))
 _START_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_")
 
@@ -154,6 +160,7 @@ def _template(
     key = (identity, settings)
     with _lock:
         template = _templates.get(key)
+        wait = READY_WAIT
         if template is None and key not in _spawned_once and not _drivers(identity[0]):
             _spawned_once[key] = None
             if len(_spawned_once) > SPAWNED_ONCE:
@@ -176,8 +183,12 @@ def _template(
                     target=_reap_idle, name="jupyter-runtimeenv-zygote-janitor", daemon=True
                 )
                 _janitor.start()
-            return None  # this worker is spawned; the template is ready for the next ones
-    template.ready.wait(READY_WAIT)
+            if _drivers(identity[0]):
+                return None  # this worker is spawned; the template is ready for the next ones
+            # An env's own interpreter at its second worker: forked from the template it
+            # starts now, one interpreter start where a spawn beside it made two.
+            wait = STARTING_WAIT
+    template.ready.wait(wait)
     return template if template.state == "ready" else None
 
 

@@ -440,37 +440,6 @@ def test_a_forked_worker_reports_what_its_calls_imported_not_what_its_template_h
     assert not {"json", "pickle", "cloudpickle"} & set(pool.habits.imports)
 
 
-def test_an_envs_own_interpreter_starts_its_template_at_its_second_worker(
-    ctx: EnvContext, pools: Callable[..., Pool], tmp_path: Path
-) -> None:
-    # A venv's python, as a pip env has (uv venv: the driver's interpreter, another prefix).
-    venv = tmp_path / "venv"
-    subprocess.run([uv_bin(), "venv", "-q", str(venv), "--python", sys.executable], check=True)
-    # The test's modules import what the driver has (psutil): its site-packages go along.
-    paths = (*ctx.driver_sys_path, *site.getsitepackages())
-    own = ctx.replace(python=str(venv / "bin" / "python"), driver_sys_path=paths)
-
-    def of_venv() -> list[zygote.Template]:
-        return [t for t in zygote.templates() if t.python == own.python]
-
-    first = run_snapshot(own, pools, spawn=False)
-    assert not first["forked"]
-    assert first["executable"][1] == str(venv)
-    assert of_venv() == [], "one worker of an env's own interpreter started a template"
-    second = run_snapshot(own, pools, spawn=False)
-    assert not second["forked"]  # spawned while its template starts
-    (template,) = of_venv()
-    assert template.ready.wait(120)
-    assert template.state == "ready"
-    third = run_snapshot(own, pools, spawn=False)
-    assert third["forked"]
-    assert third["executable"][1] == str(venv)
-    assert same_but_spawned(third) == same_but_spawned(first)
-    # The driver's own interpreter still starts its template with its first worker.
-    run_snapshot(ctx, pools, spawn=False)
-    assert [t for t in zygote.templates() if t.python == ctx.python]
-
-
 def test_only_the_latest_one_worker_interpreters_are_remembered(
     ctx: EnvContext, pools: Callable[..., Pool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
