@@ -18,18 +18,19 @@ A worker is spawned as before (``fork`` returns None) when it cannot be forked e
   says ``spawn_only`` (``py_executable``: the user named how their Python starts);
 - its environment differs from the driver's in a start-time setting (``env_vars`` that set
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LC_ALL``...);
-- no template is ready: the first worker of the driver's own interpreter (``sys.executable``:
-  every env without one of its own) starts its template in the background and is spawned
-  itself; an env's own interpreter (a pip/uv/conda env's venv) starts its template at its
-  second worker, the first is spawned alone: its template is one more interpreter start,
-  which pays only once a second worker comes (four new pip envs at once on 2 CPUs, W3, ran
-  1.4x their floor with a template each, 1.08x with none; after its template retired,
-  the count starts again). That second worker waits up to ``STARTING_WAIT`` for the
-  template it starts and is forked from it: one interpreter start, where spawning it beside
-  its template made two at once (calls on the env's first worker meanwhile, as W2's are,
-  shared the CPUs with both). A later worker waits up to ``READY_WAIT`` for a template that
-  is starting; a template that cannot fork here (not Linux x86_64/aarch64 with glibc) is
-  remembered, and its interpreter's workers are spawned;
+- no template is ready in time. The worker that starts a template waits up to
+  ``STARTING_WAIT`` for it and is forked from it: one interpreter start, where spawning it
+  beside its template made two at once (on a loaded machine the two starts shared the CPUs:
+  a fresh process's first call in an env_vars env took ~97 ms this way and 69-167 ms the
+  other, at load ~19; a fresh kernel's ``%runtime_env`` costs ~30 ms of CPU less). That is
+  the first worker of the driver's own interpreter (``sys.executable``: every env without
+  one of its own); an env's own interpreter (a pip/uv/conda env's venv) starts its template
+  at its second worker, the first is spawned alone: its template is one more interpreter
+  start, which pays only once a second worker comes (four new pip envs at once on 2 CPUs,
+  W3, ran 1.4x their floor with a template each, 1.08x with none; after its template
+  retired, the count starts again). A later worker waits up to ``READY_WAIT`` for a
+  template that is starting; a template that cannot fork here (not Linux x86_64/aarch64
+  with glibc) or did not start is remembered, and its interpreter's workers are spawned;
 - ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
 
 A ready template of the driver's own interpreter also forks the hash helper of a new tree
@@ -72,8 +73,8 @@ __all__ = [
 ZYGOTE_VAR = "JUPYTER_RUNTIMEENV_ZYGOTE"
 #: How long a worker waits for a template that is starting before it is spawned instead.
 READY_WAIT = 0.1
-#: How long the worker that starts an env's own template waits for it (a spawn instead would
-#: be an interpreter start too); then it is spawned (the template may still become ready).
+#: How long the worker that starts a template waits for it (a spawn instead would be an
+#: interpreter start too); then it is spawned (the template may still become ready).
 STARTING_WAIT = 10.0
 _START_NAMES = frozenset(("LANG", "HOME", "GLIBC_TUNABLES"))
 _START_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_")
@@ -154,8 +155,8 @@ def _template(
     entry: str,
     idle_timeout: float,
 ) -> Template | None:
-    """The ready template for ``python`` and ``settings``; None (start it if there is none,
-    wait ``READY_WAIT`` for one that is starting)."""
+    """The ready template for ``python`` and ``settings``, or None: spawn. One that is
+    starting is waited for ``READY_WAIT``; one this call starts, ``STARTING_WAIT``."""
     global _janitor
     key = (identity, settings)
     with _lock:
@@ -183,10 +184,8 @@ def _template(
                     target=_reap_idle, name="jupyter-runtimeenv-zygote-janitor", daemon=True
                 )
                 _janitor.start()
-            if _drivers(identity[0]):
-                return None  # this worker is spawned; the template is ready for the next ones
-            # An env's own interpreter at its second worker: forked from the template it
-            # starts now, one interpreter start where a spawn beside it made two.
+            # Forked from the template it starts now (the driver's interpreter's first worker,
+            # an env's own interpreter's second): one interpreter start, not two at once.
             wait = STARTING_WAIT
     template.ready.wait(wait)
     return template if template.state == "ready" else None

@@ -126,7 +126,7 @@ def pools() -> Iterator[Callable[..., Pool]]:
 def template_ready(
     ctx: EnvContext, pools: Callable[..., Pool], idle_timeout: float = 60.0
 ) -> zygote.Template:
-    """Start ``ctx``'s template (its first worker is spawned) and wait until it is ready."""
+    """Start ``ctx``'s template (its first worker is forked from it) and wait until it is ready."""
     submit(pools(ctx, idle_timeout), os.getpid).result(120)
     deadline = time.monotonic() + 120
     while True:
@@ -189,6 +189,19 @@ def test_a_forked_worker_is_what_a_spawned_one_would_be(
     assert forked["stdio"] == ["chr", "fifo", "fifo"]
     assert forked["threads"] == 3  # main, and the watchdog's two
     assert signal.SIGRTMIN + 6 in forked["sigmask"]
+
+
+def test_the_first_worker_of_the_drivers_interpreter_is_forked_from_the_template_it_starts(
+    ctx: EnvContext, pools: Callable[..., Pool]
+) -> None:
+    # Not spawned beside its template (two interpreter starts at once): it waits for the
+    # template and is forked from it.
+    zygote.stop_all()
+    first = run_snapshot(ctx, pools, spawn=False)
+    assert first["forked"]
+    (template,) = [t for t in zygote.templates() if t.python == ctx.python]
+    assert template.state == "ready"
+    assert same_but_spawned(first) == same_but_spawned(run_snapshot(ctx, pools, spawn=True))
 
 
 def test_env_vars_and_cwd_of_the_env_reach_a_forked_worker(
