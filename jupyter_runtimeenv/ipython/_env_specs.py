@@ -13,8 +13,6 @@ import os
 import shlex
 from typing import Any
 
-import yaml
-
 from ..errors import SpecError
 from ..spec import RuntimeEnvSpec, merge, parse
 from ..spec.paths import resolve_path
@@ -79,6 +77,8 @@ def show(spec: RuntimeEnvSpec | None, built: str | None = None, name: str | None
     """
     if spec is None:
         return "no default runtime env: tasks run in an environment like the kernel's"
+    import yaml  # here, not at import: %load_ext and a %runtime_env of flags need none (~10 ms)
+
     text = yaml.safe_dump(spec.to_json(), sort_keys=False, default_flow_style=False)
     what = f"runtime env {name!r}" if name else "default runtime env"
     head = f"# {what}" + (f" (built as {built[:12]})" if built else "")
@@ -88,6 +88,8 @@ def show(spec: RuntimeEnvSpec | None, built: str | None = None, name: str | None
 def spec_from_body(body: str) -> RuntimeEnvSpec:
     """The spec a ``%%runtime_env`` cell's body (YAML or JSON) gives; ``SpecError`` naming the
     field, or the body's line when it is not YAML. Relative paths are relative to the cwd."""
+    import yaml
+
     try:
         data = yaml.safe_load(body)
     except yaml.YAMLError as exc:
