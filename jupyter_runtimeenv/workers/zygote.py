@@ -58,7 +58,7 @@ from collections.abc import Mapping
 
 from .. import _forks
 from ..context import EnvContext
-from .template import DEFAULT_IDLE_TIMEOUT, ForkedChild, Template
+from .template import DEFAULT_IDLE_TIMEOUT, STARTUP_TIMEOUT, ForkedChild, Template
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -73,9 +73,11 @@ __all__ = [
 ZYGOTE_VAR = "JUPYTER_RUNTIMEENV_ZYGOTE"
 #: How long a worker waits for a template that is starting before it is spawned instead.
 READY_WAIT = 0.1
-#: How long the worker that starts a template waits for it (a spawn instead would be an
-#: interpreter start too); then it is spawned (the template may still become ready).
-STARTING_WAIT = 10.0
+#: How long the worker that starts a template waits for it: as long as the template may take
+#: to start (``STARTUP_TIMEOUT``; then it has failed and the worker is spawned). A spawn
+#: instead is an interpreter start too, as slow on a loaded machine: a shorter wait then
+#: spawned after it, and the worker paid both.
+STARTING_WAIT = STARTUP_TIMEOUT
 _START_NAMES = frozenset(("LANG", "HOME", "GLIBC_TUNABLES"))
 _START_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_")
 

@@ -63,7 +63,8 @@ def test_a_second_worker_whose_template_does_not_come_is_spawned(
     ctx: EnvContext, pools: Callable[..., Pool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The venv's templates hang as they start (a .pth that sleeps in a process started with
-    # --zygote, as only a template is): its second worker is spawned after STARTING_WAIT.
+    # --zygote, as only a template is): its second worker is spawned after STARTING_WAIT
+    # (made short here).
     own = venv_of(ctx, tmp_path / "venv")
     (purelib,) = (tmp_path / "venv" / "lib").glob("python*/site-packages")
     (purelib / "hang_template.pth").write_text(
