@@ -20,6 +20,7 @@ from jupyter_runtimeenv.errors import (
     SerializationError,
     WorkerError,
 )
+from jupyter_runtimeenv.workers import zygote
 from jupyter_runtimeenv.workers.future import RemoteFuture, Task
 from jupyter_runtimeenv.workers.output import OutputTarget
 from jupyter_runtimeenv.workers.pool import Pool, PoolState
@@ -285,7 +286,12 @@ def test_a_spare_reserved_as_the_pool_closes_is_never_started(ctx: EnvContext) -
     _wait_until(lambda: not worker_children())
 
 
-def test_the_worker_imports_cloudpickle_only_when_a_task_needs_it(make_pool: MakePool) -> None:
+def test_a_spawned_worker_imports_cloudpickle_only_when_a_task_needs_it(
+    make_pool: MakePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spawned: a worker forked from a template has it from the template, where it cost
+    # nothing on the way to a result.
+    monkeypatch.setenv(zygote.ZYGOTE_VAR, "0")
     pool = make_pool(max_workers=1)
     loaded = "'cloudpickle' in __import__('sys').modules"
     assert submit(pool, eval, loaded).result(30) is False  # a builtin goes by reference
