@@ -20,17 +20,18 @@ A worker is spawned as before (``fork`` returns None) when it cannot be forked e
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LC_ALL``...);
 - no template is ready in time. The worker that starts a template waits up to
   ``STARTING_WAIT`` for it and is forked from it: one interpreter start, where spawning it
-  beside its template made two at once (on a loaded machine the two starts shared the CPUs:
-  a fresh process's first call in an env_vars env took ~97 ms this way and 69-167 ms the
-  other, at load ~19; a fresh kernel's ``%runtime_env`` costs ~30 ms of CPU less). That is
-  the first worker of the driver's own interpreter (``sys.executable``: every env without
-  one of its own); an env's own interpreter (a pip/uv/conda env's venv) starts its template
-  at its second worker, the first is spawned alone: its template is one more interpreter
-  start, which pays only once a second worker comes (four new pip envs at once on 2 CPUs,
-  W3, ran 1.4x their floor with a template each, 1.08x with none; after its template
-  retired, the count starts again). A later worker waits up to ``READY_WAIT`` for a
-  template that is starting; a template that cannot fork here (not Linux x86_64/aarch64
-  with glibc) or did not start is remembered, and its interpreter's workers are spawned;
+  beside its template made two at once, which shared the CPUs: a fresh process's first call
+  in an env_vars env, 8 pairs in turns at load 1.3-2, took 50-56 ms (median 51.7) this way
+  and 54-73 ms (56.1) the other, and its second env's 5.6 ms against 9.7 (median); at load
+  ~19, 95-116 against 69-167 ms; a fresh kernel's ``%runtime_env`` costs ~30 ms of CPU
+  less. That is the first worker of the driver's own interpreter (``sys.executable``: every
+  env without one of its own); an env's own interpreter (a pip/uv/conda env's venv) starts
+  its template at its second worker, the first is spawned alone: its template is one more
+  interpreter start, which pays only once a second worker comes (four new pip envs at once
+  on 2 CPUs, W3, ran 1.4x their floor with a template each, 1.08x with none; after its
+  template retired, the count starts again). A later worker waits up to ``READY_WAIT`` for a
+  template that is starting; a template that cannot fork here (not Linux x86_64/aarch64 with
+  glibc) or did not start is remembered, and its interpreter's workers are spawned;
 - ``JUPYTER_RUNTIMEENV_ZYGOTE=0`` in the driver's environment.
 
 A ready template of the driver's own interpreter also forks the hash helper of a new tree
