@@ -33,6 +33,7 @@ import types
 from typing import Any
 
 from ._cell_figures import (
+    apply_style,
     choose_backend,
     figure_bundle,
     flush_figures,
@@ -67,6 +68,8 @@ def begin_cell(nonce: str, figures: dict[str, Any]) -> None:
     current["post"] = False
     current["display"] = display
     choose_backend()
+    if figures.get("style") is not None:
+        apply_style(figures["style"])
     import builtins
 
     builtins.display = display  # type: ignore[attr-defined]  # as IPython puts it there

@@ -270,6 +270,26 @@ def flush_figures() -> None:
         current["draw_called"] = False
 
 
+def apply_style(style: dict[str, Any]) -> None:
+    """The notebook's matplotlib style (``_remote_stream.kernel_style``), which changed since
+    this worker last took it: matplotlib's defaults, then each setting the notebook changed
+    (one this matplotlib does not know, or refuses, is passed over)."""
+    try:
+        import matplotlib
+    except ImportError:  # the env has no matplotlib: the cells draw nothing
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        matplotlib.rc_file_defaults()
+        for key, value in {**style, **(state()["figures"].get("rc") or {})}.items():
+            try:  # noqa: SIM105 - the worker imports as little as it can
+                matplotlib.rcParams[key] = value
+            except (KeyError, ValueError, TypeError):
+                pass
+
+
 def use_inline() -> None:
     """``%matplotlib inline`` in a cell: this module's backend from now on."""
     os.environ["MPLBACKEND"] = "module://" + BACKEND

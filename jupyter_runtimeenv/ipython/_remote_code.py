@@ -24,7 +24,7 @@ from typing import Any
 
 from ._cell_magics import CELL_MAGICS, LINE_MAGICS
 
-__all__ = ["CellCode", "CodeError", "names_changed", "names_read", "prepare"]
+__all__ = ["CellCode", "CodeError", "local_reads", "names_changed", "names_read", "prepare"]
 
 #: pandas resolves ``@name`` (and ``@name.attr``) in these methods' expression strings.
 _QUERY_METHODS = frozenset({"query", "eval"})
@@ -146,15 +146,18 @@ def _parse_names(text: str) -> list[str]:
         return []
 
 
-def _check_magics(tree: ast.AST) -> list[str]:
-    """Refuse what the worker cannot run; the names read by the magics' own code."""
+def _check_magics(tree: ast.AST, strict: bool = True) -> list[str]:
+    """Refuse what the worker cannot run (``strict``; else pass over it); the names read by
+    the magics' own code."""
     reads: list[str] = []
     for method, first, rest in _magic_calls(tree):
         if method == "run_line_magic":
             if first not in LINE_MAGICS:
-                raise CodeError(_refusal(f"%{first}"))
+                if strict:
+                    raise CodeError(_refusal(f"%{first}"))
+                continue
             line = rest[0] if rest else ""
-            if first == "matplotlib" and line.strip() not in ("", "inline"):
+            if strict and first == "matplotlib" and line.strip() not in ("", "inline"):
                 raise CodeError(
                     f"%matplotlib {line.strip()}: a %%remote cell shows its figures inline"
                     " (as PNG and the kernel's figure formats)"
@@ -163,12 +166,14 @@ def _check_magics(tree: ast.AST) -> list[str]:
                 reads += _parse_names(re.sub(r"^(\s*-[nrp]\s*\d+|\s*-[qo])*", "", line))
         elif method == "run_cell_magic":
             if first not in CELL_MAGICS:
-                raise CodeError(_refusal(f"%%{first}"))
+                if strict:
+                    raise CodeError(_refusal(f"%%{first}"))
+                continue
             reads += _parse_names(rest[1] if len(rest) > 1 else "")
         elif method in _SHELL_CALLS:
             for name, expression in _SHELL_NAME.findall(first):
                 reads += [name] if name else _parse_names(expression)
-        else:
+        elif strict:
             raise CodeError(
                 f"get_ipython().{method} cannot run in a %%remote cell: the cell runs in a"
                 " worker of the environment, not in the kernel"
@@ -201,6 +206,17 @@ def quiet(source: str) -> bool:
             continue
         return token.type == tokenize.OP and token.string == ";"
     return False
+
+
+def local_reads(body: str) -> list[str]:
+    """The names a notebook's own cell (already through IPython's input transforms) reads,
+    found as ``prepare`` finds a remote cell's; any magic is allowed."""
+    try:
+        tree = ast.parse(body)
+    except (SyntaxError, ValueError):
+        return []
+    reads = names_read(tree) + _query_names(tree) + _check_magics(tree, strict=False)
+    return list(dict.fromkeys(reads))
 
 
 def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:

@@ -14,10 +14,12 @@ changed last, which decides what the next cell is sent:
 So a model fitted in one remote cell is scored in the next even if the kernel cannot
 unpickle it (or has another value under that name), and a DataFrame edited locally is sent
 again. Methods that change their object (``lst.append(x)``) are not seen: ``--in`` sends a
-name whatever the rule says.
+name whatever the rule says. The same rule the other way: a notebook cell that reads a name
+whose newest value is in a remote namespace (``stale``) gets it first (``_remote_fetch``).
 
-Who calls it: ``remote_cell`` (before and after each cell, ``--fresh``, ``%remote --list``)
-and IPython's ``post_run_cell`` event for the notebook's own cells (``track_local_cell``).
+Who calls it: ``remote_cell`` (before and after each cell, ``--fresh``, ``%remote --list``),
+``_remote_fetch`` and IPython's ``post_run_cell`` event for the notebook's own cells
+(``track_local_cell``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = ["RemoteNamespace", "forget_all", "namespace_for", "namespaces", "trac
 #: The id recorded for a name the notebook did not have when a remote cell changed it.
 _ABSENT = -1
 _counter = itertools.count(1)
+_ticks = itertools.count(1)
 _lock = threading.Lock()
 _spaces: dict[str, RemoteNamespace] = {}
 
@@ -55,6 +58,13 @@ class RemoteNamespace:
     names: list[str] = field(default_factory=list)
     #: name -> id() of the notebook's value when a remote cell changed the name last.
     remote_owned: dict[str, int] = field(default_factory=dict)
+    #: Names a remote cell changed whose newest value the notebook does not have yet.
+    stale: set[str] = field(default_factory=set)
+    #: When its last cell ended (a count across namespaces: the newest binding wins).
+    tick: int = 0
+    #: The spec its cells ran with, and the kernel's matplotlib style its worker has.
+    spec: Any = None
+    style_sent: Any = None
     #: The executor whose worker holds it: another one (``init``, ``shutdown``) holds none.
     owner: Any = None
 
@@ -75,7 +85,13 @@ class RemoteNamespace:
         """A new, empty namespace (``--fresh``, a lost worker): a key no worker knows."""
         self.key = f"%%remote:{os.getpid()}:{next(_counter)}:{self.env_id[:12]}"
         self.pid, self.cells, self.names = 0, 0, []
+        self.forget_values()
+
+    def forget_values(self) -> None:
+        """Nothing of the notebook's is held there (a new or lost worker)."""
         self.remote_owned.clear()
+        self.stale.clear()
+        self.style_sent = None
 
     def expected(self) -> dict[str, Any] | None:
         """What the worker should already hold (it says so when it does not)."""
@@ -108,14 +124,25 @@ class RemoteNamespace:
         """Record a finished cell: its worker, and the names it changed (``changed``) or
         brought back (``brought_back``, now the same object on both sides)."""
         if info.get("created") and self.cells:
-            self.remote_owned.clear()  # a new namespace: whatever it held is gone
+            self.forget_values()  # a new namespace: whatever it held is gone
+        self.tick = next(_ticks)
         self.pid = int(info.get("pid") or 0)
         self.cells = int(info.get("cells") or self.cells + 1)
         self.names = list(info.get("names") or [])
         for name in changed:
             self.remote_owned[name] = id(user_ns[name]) if name in user_ns else _ABSENT
+            self.stale.add(name)
         for name, value in brought_back.items():
             self.remote_owned[name] = id(value)
+            self.stale.discard(name)
+
+    def newer_here(self, name: str, user_ns: dict[str, Any]) -> bool:
+        """Whether this namespace holds a newer value of ``name`` than the notebook: a
+        remote cell changed it last, and the notebook has not bound it since."""
+        owned = self.remote_owned.get(name)
+        if owned is None or name not in self.stale:
+            return False
+        return owned == (id(user_ns[name]) if name in user_ns else _ABSENT)
 
     def lost(self, keep_key: bool = False) -> str:
         """Say the namespace is gone (its worker was killed or died) and start over:
@@ -127,7 +154,7 @@ class RemoteNamespace:
         )
         if keep_key:
             self.pid, self.cells, self.names = 0, 0, []
-            self.remote_owned.clear()
+            self.forget_values()
         else:
             self.renew()
         return text
@@ -187,6 +214,7 @@ def track_local_cell(result: Any) -> None:
     for space in namespaces():
         for name in changed:
             space.remote_owned.pop(name, None)
+            space.stale.discard(name)
 
 
 def _hint_remote_name(error: object) -> None:

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 from ._cell_display import END, MARK
 
-__all__ = ["CellStream", "cell_streams", "figure_settings", "publish"]
+__all__ = ["CellStream", "cell_streams", "figure_settings", "kernel_style", "publish"]
 
 
 def publish(message: dict[str, Any]) -> None:
@@ -149,6 +149,52 @@ def figure_settings(shell: Any) -> dict[str, Any]:
         "close": bool(config.get("close_figures", True)),
         "rc": dict(config.get("rc") or {}),
     }
+
+
+#: matplotlib's ``STYLE_BLACKLIST``: settings of the process, not of a figure's style.
+_NOT_STYLE = frozenset(
+    {
+        "backend",
+        "backend_fallback",
+        "date.epoch",
+        "docstring.hardcopy",
+        "figure.max_open_warning",
+        "figure.raise_window",
+        "interactive",
+        "savefig.directory",
+        "timezone",
+        "tk.window_focus",
+        "toolbar",
+        "webagg.address",
+        "webagg.open_in_browser",
+        "webagg.port",
+        "webagg.port_retries",
+    }
+)
+
+
+def kernel_style() -> dict[str, Any] | None:
+    """The notebook's own matplotlib style: the ``rcParams`` that differ from matplotlib's
+    defaults (``plt.style.use``, ``rcParams[...] =``, ``sns.set()`` in a notebook cell), or
+    ``None`` when the kernel has not imported matplotlib. A remote cell's worker takes it
+    when it changed since that worker last took it (``_cell_figures.apply_style``)."""
+    matplotlib = sys.modules.get("matplotlib")
+    params = getattr(matplotlib, "rcParams", None)
+    original = getattr(matplotlib, "rcParamsOrig", None)
+    if params is None or original is None:
+        return None
+    style = {}
+    for key in params:
+        if key in _NOT_STYLE:
+            continue
+        value = params[key]
+        try:
+            same = bool(value == original[key])
+        except Exception:  # a value that does not compare: take it as changed
+            same = False
+        if not same:
+            style[key] = value
+    return style
 
 
 @contextmanager

@@ -44,8 +44,9 @@ from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
 from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, prepare
+from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
-from ._remote_stream import cell_streams, figure_settings, publish
+from ._remote_stream import cell_streams, figure_settings, kernel_style, publish
 from ._remote_values import Unloadable, explain, load
 
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
@@ -95,6 +96,8 @@ class RemoteCellMagics(Magics):
         events = getattr(shell, "events", None)
         if events is not None and track_local_cell not in events.callbacks["post_run_cell"]:
             events.register("post_run_cell", track_local_cell)
+        if events is not None and bring_back not in events.callbacks["pre_run_cell"]:
+            events.register("pre_run_cell", bring_back)
 
     @magic_arguments()
     @argument(
@@ -152,6 +155,7 @@ class RemoteCellMagics(Magics):
         except CodeError as exc:
             raise UsageError(f"remote: {exc}") from None
         space, spec = self._namespace(args)
+        space.spec = spec
         executor = api._executor()
         sticky = getattr(executor, "keeps_affinity", False)
         if args.fresh:
@@ -163,25 +167,29 @@ class RemoteCellMagics(Magics):
             # this cell everything it reads.
             self._say_lost(space)
         nonce = secrets.token_hex(8)
-        request = {
+        request: dict[str, Any] = {
             "source": code.source,
             "lines": "\n" + cell,
             "filename": filename,
             "outputs": outputs,
             "nonce": nonce,
-            "figures": figure_settings(self.shell),
             "quiet": code.quiet,
         }
         extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
         if args.files_out:
             extra["files_out"] = tuple(args.files_out)
+        style = kernel_style()
         for _attempt in range(2):
+            request["figures"] = figure_settings(self.shell)
+            if style is not None and (style != space.style_sent or not sticky):
+                request["figures"]["style"] = style  # the notebook's own, changed since
             request["inputs"], files = self._inputs(args, code, space)
             request["namespace"] = {"key": space.key, "expected": space.expected()}
             if not sticky:  # each cell in a namespace of its own, dropped after it
                 request["namespace"] = {"key": f"{space.key}:{space.cells}", "keep": False}
             result = self._submit(executor, request, spec, extra, args.timeout, space)
             if not result.get("lost"):
+                space.style_sent = style
                 break
             # The worker died just before this cell reached it: nothing ran. Again, with
             # every name the cell reads.

@@ -24,6 +24,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from processes import wait_gone
 from wheelhouse import offline_installers
 
+from jupyter_runtimeenv.ipython._remote_namespaces import namespaces
 from jupyter_runtimeenv.plugins._uv import uv_bin
 
 
@@ -60,22 +61,39 @@ def test_names_and_imports_stay_for_the_next_cell(
     assert "math, os, radius" in listing
 
 
-def test_a_notebook_cell_reading_a_remote_name_is_told_where_it_is(
+def test_a_notebook_cell_reads_a_remote_name_or_is_told_where_it_is(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run(shell, "%%remote\nremote_total = 41")
+    run(shell, "%%remote\nremote_total = 41\nremote_lines = (line for line in 'ab')")
     capsys.readouterr()
-    result = run(shell, "remote_total + 1")
+    assert run(shell, "remote_total + 1").result == 42  # brought back before the cell ran
+    result = run(shell, "next(remote_lines)")  # a generator does not cross
     assert isinstance(result.error_in_exec, NameError)
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "%%remote: 'remote_total' is in the remote namespace of the default env, not in the"
-        " notebook: run this cell with %%remote, or add --out remote_total to the %%remote"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith(
+        "%%remote: 'remote_lines' was changed last by a %%remote cell of the default env, and"
+        " cannot be brought back into the notebook: it cannot be pickled in the worker:"
+    ), lines
+    assert lines[-1] == (
+        "%%remote: 'remote_lines' is in the remote namespace of the default env, not in the"
+        " notebook: run this cell with %%remote, or add --out remote_lines to the %%remote"
         " cell that makes it"
     )
     result = run(shell, "held_by_no_namespace + 1")  # IPython's NameError alone
     assert isinstance(result.error_in_exec, NameError)
     assert "%%remote" not in capsys.readouterr().err
-    assert shown(run(shell, "%%remote\nremote_total + 1")) == "42"
+    assert shown(run(shell, "%%remote\nnext(remote_lines)")) == "'a'"
+
+
+def test_a_value_brought_back_is_not_fetched_again(shell: InteractiveShell) -> None:
+    run(shell, "%%remote\nfetched = [1, 2]")
+    [space] = [s for s in namespaces() if "fetched" in s.names]
+    assert run(shell, "len(fetched)").result == 2
+    cells = space.cells  # the worker counts the fetch as a cell of the namespace
+    assert run(shell, "sum(fetched)").result == 3
+    assert space.cells == cells
+    run(shell, "%%remote\nfetched = fetched + [3]")
+    assert run(shell, "fetched").result == [1, 2, 3]
 
 
 def test_the_newest_binding_wins(shell: InteractiveShell) -> None:

@@ -318,7 +318,27 @@ HELPER_AND_FILES: list[Cell] = [
     ("print(open('results.csv').read())", None),  # beside the notebook, both ways
 ]
 
+#: Notebook and remote cells in turns (handbook.py --mode mixed): the notebook's matplotlib
+#: style reaches the remote cells' figures, and a notebook cell reads the newest value of a
+#: name a remote cell changed (rebound, changed in place, or defined: never --out).
+MIXED: list[Cell] = [
+    ("%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.style.use('ggplot')", None),
+    ("plt.plot([1, 3, 2]);", R),
+    ("plt.rcParams['lines.linewidth'] = 5", None),
+    ("plt.plot([2, 1, 3]);", R),
+    ("import numpy as np\nx = np.arange(3)", None),
+    ("x = x * 10", R),
+    ("print(x)", None),
+    ("x[0] = 7", R),
+    ("x", None),
+    ("total = x.sum()\nlabels = ['a', 'b']", R),
+    ("total, labels", None),
+    ("labels = labels + ['c']\nx = x + 1", None),
+    ("x, labels", R),
+]
+
 NOTEBOOKS = {
+    "mixed": MIXED,
     "random_forests": RANDOM_FORESTS,
     "model_validation": MODEL_VALIDATION,
     "pivot_tables": PIVOT_TABLES,
