@@ -16,6 +16,7 @@
     ├── KernelStartError             a kernel on a Dask node could not start (names the node)
     ├── SerializationError(TypeError) a task's function, argument or result cannot be pickled
     └── RemoteTaskError              the task raised; renders the remote traceback
+        └── RemoteCellError          a %%remote cell raised; shown as the cell's own exception
 
     KeyboardInterrupt
     └── RemoteInterrupt              an interrupt that cancelled the remote tasks it waited on,
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidName",
     "KernelStartError",
     "PluginNotFound",
+    "RemoteCellError",
     "RemoteInterrupt",
     "RemoteTaskError",
     "RuntimeEnvError",
@@ -281,6 +283,9 @@ class RemoteTaskError(RuntimeEnvError):
     ``__init__`` or ``__new__`` (which may take other arguments than ``args``).
     """
 
+    #: The name of the class derived from this one and the cause's (``wrap``).
+    _dual_name = "RemoteTaskError[{}]"
+
     def __init__(
         self,
         function: str,
@@ -340,18 +345,37 @@ class RemoteTaskError(RuntimeEnvError):
         import cloudpickle
 
         cause = None if self.cause is None else describe(self.cause, cloudpickle.dumps)
+        kind = RemoteCellError if isinstance(self, RemoteCellError) else RemoteTaskError
         return (
             _rebuild_remote_error,
-            (self.function, self.remote_traceback, cause, self.remote_type),
+            (self.function, self.remote_traceback, cause, self.remote_type, kind),
         )
 
 
+class RemoteCellError(RemoteTaskError):
+    """A ``%%remote`` cell raised: shown as the cell run in the kernel would show it. The
+    class ``wrap`` makes bears the cause's own name and ``str()`` is the cause's message, so
+    a notebook shows ``ValueError: operands could not be broadcast ...`` as for a local cell
+    (ipykernel's ``ename``/``evalue``), above the remote traceback."""
+
+    _dual_name = "{}"
+
+    def __str__(self) -> str:
+        if self.cause is None:
+            return super().__str__()
+        return safe_str(self.cause)
+
+
 def _rebuild_remote_error(
-    function: str, remote_traceback: str, cause: dict[str, Any] | None, remote_type: str
+    function: str,
+    remote_traceback: str,
+    cause: dict[str, Any] | None,
+    remote_type: str,
+    kind: type[RemoteTaskError] | None = None,
 ) -> RemoteTaskError:
     import cloudpickle
 
-    return RemoteTaskError.wrap(
+    return (kind or RemoteTaskError).wrap(
         function, remote_traceback, rebuild(cause, cloudpickle.loads)[0], remote_type
     )
 
@@ -388,11 +412,11 @@ def _dual_class(
     if cls not in per_cause:
         try:
             per_cause[cls] = type(
-                f"RemoteTaskError[{cause.__name__}]",
+                cls._dual_name.format(cause.__name__),
                 (cls, cause),
                 {
                     "__module__": cls.__module__,
-                    "__qualname__": f"RemoteTaskError[{cause.__qualname__}]",
+                    "__qualname__": cls._dual_name.format(cause.__qualname__),
                 },
             )
         except TypeError:  # incompatible layouts, or a final class (bool-like)

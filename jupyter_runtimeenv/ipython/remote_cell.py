@@ -37,7 +37,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import _exc_state, api, session
-from ..errors import RemoteInterrupt, RemoteTaskError, RuntimeEnvError, SpecError, WorkerError
+from ..errors import (
+    RemoteCellError,
+    RemoteInterrupt,
+    RemoteTaskError,
+    RuntimeEnvError,
+    SpecError,
+    WorkerError,
+)
 from ..spec import RuntimeEnvSpec, parse, refresh
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
@@ -433,7 +440,7 @@ class RemoteCellMagics(Magics):
                     f" names it only inside a string): add --in {name}"
                 )
         text = self._cells(restore_frames(error["text"], files))
-        return RemoteTaskError.wrap("%%remote", text, cause, remote_type)
+        return RemoteCellError.wrap("%%remote", text, cause, remote_type)
 
     def _cells(self, text: str) -> str:
         """``File "<cell file>", line k, in f`` lines as IPython names cells: ``Cell In[n]``."""

@@ -207,6 +207,26 @@ def test_a_cells_exception_is_caught_by_its_type(
     assert shell.user_ns["caught"] == shell.user_ns["expected"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    ["{}['missing']", "int('x')", "import math\nmath.nope", "raise OSError(2, 'gone', 'f.txt')"],
+)
+def test_a_cells_exception_shows_as_the_local_cells(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    """handbook.py: a remote cell's error showed as ``RemoteTaskError[AttributeError]: %%remote
+    raised in its worker: AttributeError: ...`` where the local cell shows ``AttributeError:
+    module 'matplotlib.cm' has no attribute 'get_cmap'`` (ipykernel's ename and evalue are
+    the class's name and ``str()``); the frames shown are still the worker's."""
+    local = run(shell, body).error_in_exec
+    capsys.readouterr()
+    remote = run(shell, "%%remote\n" + body).error_in_exec
+    assert (type(remote).__name__, str(remote)) == (type(local).__name__, str(local))
+    assert isinstance(remote, type(local))
+    shown = capsys.readouterr()
+    assert "(raised in the worker of %%remote)" in shown.out + shown.err
+
+
 def test_files_the_cell_writes_are_listed_and_files_out_copies_them(
     shell: InteractiveShell,
     capsys: pytest.CaptureFixture[str],
