@@ -117,15 +117,40 @@ def versions(modules: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _item(value: Any) -> dict[str, Any]:
+def dumps(value: Any) -> bytes:
+    """``cloudpickle.dumps``, but a class whose module is not imported yet is imported before
+    it is pickled: cloudpickle pickles such a class by value, and the copy it makes is another
+    class where it is loaded (``numpy.recarray``'s module is ``numpy.rec``, loaded lazily: a
+    recarray came back as a class whose methods fail with ``super(type, obj)``)."""
+    import importlib
+    import io
+    import sys
+
     import cloudpickle
 
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # untyped
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, type):
+                module = getattr(obj, "__module__", None)
+                if isinstance(module, str) and module not in sys.modules:
+                    try:  # noqa: SIM105 - the worker imports as little as it can
+                        importlib.import_module(module)
+                    except Exception:  # not importable: cloudpickle's own choice
+                        pass
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=5).dump(value)
+    return buffer.getvalue()
+
+
+def _item(value: Any) -> dict[str, Any]:
     try:
         text = repr(value)
     except Exception as exc:  # a broken __repr__ must not lose the rest
         text = f"<{type(value).__name__} object (repr failed: {exc!r})>"
     try:
-        blob: bytes | None = cloudpickle.dumps(value, protocol=5)
+        blob: bytes | None = dumps(value)
         problem = ""
     except Exception as exc:
         blob, problem = None, f"{type(exc).__name__}: {exc}"

@@ -357,7 +357,7 @@ class RemoteCellMagics(Magics):
         for name in names:
             value = namespace[name]
             try:
-                inputs[name] = cloudpickle.dumps(value, protocol=5)
+                inputs[name] = _cell_runner.dumps(value)
             except Exception as exc:
                 hint = "" if args.inputs is not None else " (--in a,b chooses what is sent)"
                 raise UsageError(

@@ -227,6 +227,22 @@ def test_a_cells_exception_shows_as_the_local_cells(
     assert "(raised in the worker of %%remote)" in shown.out + shown.err
 
 
+def test_a_recarray_comes_back_as_numpys(shell: InteractiveShell) -> None:
+    """handbook.py (02.09, mixed): ``data.view(np.recarray)`` made in a remote cell came back
+    as a copy of the class, whose ``rec['age']`` raised ``TypeError: super(type, obj)``:
+    cloudpickle pickles a class by value when its module (``numpy.rec``, loaded lazily) is not
+    imported yet."""
+    run(shell, "import numpy as np")
+    result = run(
+        shell,
+        "%%remote --out rec\nimport numpy as np\n"
+        "rec = np.zeros(2, dtype=[('age', 'i4')]).view(np.recarray)",
+    )
+    assert result.success, result.error_in_exec
+    result = run(shell, "type(rec) is np.recarray, rec['age'].tolist()")
+    assert result.result == (True, [0, 0]), result.error_in_exec
+
+
 def test_files_the_cell_writes_are_listed_and_files_out_copies_them(
     shell: InteractiveShell,
     capsys: pytest.CaptureFixture[str],
