@@ -306,5 +306,11 @@ def choose_backend() -> None:
     if pyplot is None:
         if chosen in INLINE_BACKENDS:
             os.environ["MPLBACKEND"] = "module://" + BACKEND
+            # matplotlib imported already (unpickling the cell's inputs, or the notebook's
+            # style, imports it) read the kernel's MPLBACKEND then: pyplot would use it.
+            matplotlib = sys.modules.get("matplotlib")
+            params = getattr(matplotlib, "rcParams", None)
+            if params is not None and str(params._get("backend")) in INLINE_BACKENDS[:2]:
+                params["backend"] = "module://" + BACKEND
     elif str(sys.modules["matplotlib"].rcParams._get("backend")) in INLINE_BACKENDS[:2]:
         use_inline()

@@ -12,6 +12,8 @@ never shipped.
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -119,6 +121,29 @@ def test_no_axes_leak_into_the_next_cell_and_semicolon_hides(shell: InteractiveS
     assert result.result.data["text/plain"] == "<Figure size 640x480 with 1 Axes>"
     assert "image/png" in result.result.data  # Out[n] (the shell's displayhook shows it)
     assert mimes(shown) == [["image/png", "text/plain"]]  # and again after the cell
+
+
+def test_figures_show_when_matplotlib_was_imported_before_the_cell() -> None:
+    """handbook.py (04.01, mixed): a cell's arguments whose pickle names matplotlib (the
+    notebook's style; a notebook variable such as a ``Normalize``) import matplotlib in the
+    worker while they are read, before the cell chooses its backend: matplotlib took the
+    kernel's ``MPLBACKEND`` (matplotlib-inline's, which an env of its own may lack) and the
+    cell's figures were never shown. The worker's steps, in a process of their own."""
+    script = (
+        "import os\n"
+        "os.environ['MPLBACKEND'] = 'module://matplotlib_inline.backend_inline'\n"
+        "import matplotlib.colors\n"  # as unpickling the call's arguments does
+        "from jupyter_runtimeenv.ipython import _cell_display\n"
+        "figures = {'formats': ['png'], 'print_kwargs': {}, 'close': True, 'rc': {}}\n"
+        "_cell_display.begin_cell('nonce', figures)\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2]);\n"
+        "_cell_display.end_cell()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.count('"image/png"') == 1, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_the_kernels_figure_formats(shell: InteractiveShell) -> None:
