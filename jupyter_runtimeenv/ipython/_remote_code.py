@@ -49,10 +49,29 @@ class CellCode:
 
 
 def names_read(tree: ast.AST) -> list[str]:
-    """Every name the code loads (at any depth), in order of first appearance."""
+    """Every name the code loads (at any depth; ``x += 1`` loads ``x``), in order of first
+    appearance."""
     loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    loads += [
+        n.target
+        for n in ast.walk(tree)
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+    ]
     loads.sort(key=lambda n: (n.lineno, n.col_offset))
     return list(dict.fromkeys(n.id for n in loads))
+
+
+def _names_bound(statement: ast.stmt) -> set[str]:
+    """Names a top-level statement binds anew (not those it changes in place)."""
+    bound = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return bound
 
 
 def names_changed(tree: ast.AST) -> list[str]:
@@ -209,13 +228,20 @@ def quiet(source: str) -> bool:
 
 
 def local_reads(body: str) -> list[str]:
-    """The names a notebook's own cell (already through IPython's input transforms) reads,
-    found as ``prepare`` finds a remote cell's; any magic is allowed."""
+    """The names a notebook's own cell (already through IPython's input transforms) reads
+    before it binds them, found as ``prepare`` finds a remote cell's; any magic is allowed.
+    ``fig, ax = plt.subplots()`` then ``ax.plot(...)`` reads ``plt``, not ``ax``."""
     try:
         tree = ast.parse(body)
     except (SyntaxError, ValueError):
         return []
-    reads = names_read(tree) + _query_names(tree) + _check_magics(tree, strict=False)
+    reads: list[str] = []
+    bound: set[str] = set()  # by an earlier statement of the cell: its own value is read
+    for statement in tree.body:
+        found = names_read(statement) + _query_names(statement)
+        found += _check_magics(statement, strict=False)
+        reads += [name for name in found if name not in bound]
+        bound |= _names_bound(statement)
     return list(dict.fromkeys(reads))
 
 

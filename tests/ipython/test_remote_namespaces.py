@@ -96,6 +96,18 @@ def test_a_value_brought_back_is_not_fetched_again(shell: InteractiveShell) -> N
     assert run(shell, "fetched").result == [1, 2, 3]
 
 
+def test_a_name_the_cell_binds_before_reading_it_is_not_brought_back(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """handbook.py (04.01, mixed): ``fig, ax = plt.subplots()`` then ``ax.plot(...)`` in a
+    notebook cell brought back the remote ``ax`` first (a figure, for nothing)."""
+    run(shell, "%%remote\nletters = (c for c in 'ab')\ncount = 1")
+    capsys.readouterr()
+    result = run(shell, "letters = iter('xy')\ncount += 1\nnext(letters), count")
+    assert result.result == ("x", 2)
+    assert capsys.readouterr().err == ""  # no word of a value that cannot come back
+
+
 def test_the_newest_binding_wins(shell: InteractiveShell) -> None:
     run(shell, "model = 'notebook'")
     run(shell, "%%remote\nmodel = 'remote'")

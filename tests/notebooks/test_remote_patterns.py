@@ -320,12 +320,15 @@ HELPER_AND_FILES: list[Cell] = [
 
 #: Notebook and remote cells in turns (handbook.py --mode mixed): the notebook's matplotlib
 #: style reaches the remote cells' figures, and a notebook cell reads the newest value of a
-#: name a remote cell changed (rebound, changed in place, or defined: never --out).
+#: name a remote cell changed (rebound, changed in place, or defined: never --out), but not
+#: one it binds itself before reading it.
 MIXED: list[Cell] = [
     ("%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.style.use('ggplot')", None),
     ("plt.plot([1, 3, 2]);", R),
     ("plt.rcParams['lines.linewidth'] = 5", None),
     ("plt.plot([2, 1, 3]);", R),
+    ("fig, ax = plt.subplots()\nax.plot([3, 1]);", R),
+    ("fig, ax = plt.subplots()\nax.plot([1, 3]);", None),  # reads its own ax, not the remote
     ("import numpy as np\nx = np.arange(3)", None),
     ("x = x * 10", R),
     ("print(x)", None),
