@@ -8,8 +8,10 @@ one line naming it, and finds:
 - the names the body reads, in order: from its code, from the statements given to
   ``%time``/``%timeit``, from ``{expr}``/``$name`` in shell commands, and the ``@name``
   references pandas resolves inside ``DataFrame.query``/``eval`` and ``pd.eval`` strings;
-- the names it changes in place (``df['c'] = ...``, ``obj.attr = ...``, ``x += 1``): a value
-  changed by a cell lives where that cell ran (``_remote_namespaces``);
+- the names it changes in place (``df['c'] = ...``, ``obj.attr = ...``, ``x += 1``, a method
+  that changes its object: ``lst.append(x)``, ``df.sort_values(..., inplace=True)``): a value
+  changed by a cell lives where that cell ran (``_remote_namespaces``); and the objects whose
+  methods it calls (``rng.integers(...)`` changes a random generator: ``stateful``);
 - whether it ends with ``;`` (IPython's rule: then its value is not shown).
 """
 
@@ -24,13 +26,42 @@ from typing import Any
 
 from ._cell_magics import CELL_MAGICS, LINE_MAGICS
 
-__all__ = ["CellCode", "CodeError", "local_reads", "names_changed", "names_read", "prepare"]
+__all__ = [
+    "CellCode",
+    "CodeError",
+    "local_reads",
+    "method_receivers",
+    "names_changed",
+    "names_read",
+    "prepare",
+    "stateful",
+]
 
 #: pandas resolves ``@name`` (and ``@name.attr``) in these methods' expression strings.
 _QUERY_METHODS = frozenset({"query", "eval"})
 _AT_NAME = re.compile(r"@([A-Za-z_][A-Za-z_0-9]*)")
 _SHELL_NAME = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)|\{([^{}]+)\}")
 _SHELL_CALLS = frozenset({"system", "getoutput"})
+#: Methods that change their object in place (lists, dicts, sets, pandas, NumPy arrays).
+_MUTATORS = frozenset(
+    {
+        "add",
+        "append",
+        "clear",
+        "discard",
+        "extend",
+        "fill",
+        "insert",
+        "pop",
+        "popitem",
+        "remove",
+        "resize",
+        "reverse",
+        "setdefault",
+        "sort",
+        "update",
+    }
+)
 
 
 class CodeError(Exception):
@@ -45,6 +76,7 @@ class CellCode:
     tree: ast.Module
     reads: list[str] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
+    receivers: list[str] = field(default_factory=list)  # of its method calls
     quiet: bool = False
 
 
@@ -78,7 +110,8 @@ def names_changed(tree: ast.AST) -> list[str]:
     """Names a statement rebinds or changes in place, at the top level of the cell (what
     a function body does to its locals is its own): assignment targets, the object of a
     ``x[...] =``/``x.a =``/``del x[...]``, augmented assignments, imports, ``def``/``class``,
-    ``for``/``with`` targets and ``:=``."""
+    ``for``/``with`` targets and ``:=``, and the object of a method that changes it
+    (``_MUTATORS``, or any method called with ``inplace=True``)."""
     found: list[str] = []
 
     def base(node: ast.AST) -> None:
@@ -115,11 +148,45 @@ def names_changed(tree: ast.AST) -> list[str]:
                 found.append((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, ast.NamedExpr):
             base(node.target)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            inplace = any(
+                k.arg == "inplace" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in node.keywords
+            )
+            if inplace or node.func.attr in _MUTATORS:
+                base(node.func.value)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
     return list(dict.fromkeys(found))
+
+
+def method_receivers(tree: ast.AST) -> list[str]:
+    """The names whose methods the code calls at the top level of the cell (``rng`` of
+    ``rng.integers(3)``)."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return
+        function = node.func if isinstance(node, ast.Call) else None
+        if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name):
+            found.append(function.value.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return list(dict.fromkeys(found))
+
+
+def stateful(value: object) -> bool:
+    """Whether every method call may change ``value``: a random generator (NumPy's
+    ``Generator``/``RandomState``, ``random.Random``), whose draws advance its state."""
+    kind = type(value)
+    return kind.__name__ in ("Generator", "RandomState", "Random", "SystemRandom") and (
+        kind.__module__.startswith(("numpy.random", "random"))
+    )
 
 
 def _query_names(tree: ast.AST) -> list[str]:
@@ -260,5 +327,6 @@ def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
         tree=tree,
         reads=list(dict.fromkeys(reads)),
         changes=names_changed(tree),
+        receivers=method_receivers(tree),
         quiet=quiet(body),
     )

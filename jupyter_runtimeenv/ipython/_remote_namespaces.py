@@ -13,9 +13,11 @@ changed last, which decides what the next cell is sent:
 
 So a model fitted in one remote cell is scored in the next even if the kernel cannot
 unpickle it (or has another value under that name), and a DataFrame edited locally is sent
-again. Methods that change their object (``lst.append(x)``) are not seen: ``--in`` sends a
-name whatever the rule says. The same rule the other way: a notebook cell that reads a name
-whose newest value is in a remote namespace (``stale``) gets it first (``_remote_fetch``).
+again. The common methods that change their object (``lst.append(x)``, ``inplace=True``,
+any draw from a random generator) count as changes; others (``np.add.at(counts, ...)``) are
+not seen: ``--in`` sends a name whatever the rule says. The same rule the other way: a
+notebook cell that reads a name whose newest value is in a remote namespace (``stale``) gets
+it first (``_remote_fetch``).
 
 Who calls it: ``remote_cell`` (before and after each cell, ``--fresh``, ``%remote --list``),
 ``_remote_fetch`` and IPython's ``post_run_cell`` event for the notebook's own cells
@@ -33,7 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._remote_code import names_changed
+from ._remote_code import method_receivers, names_changed, stateful
 
 __all__ = ["RemoteNamespace", "forget_all", "namespace_for", "namespaces", "track_local_cell"]
 
@@ -197,7 +199,8 @@ def forget_all() -> list[RemoteNamespace]:
 
 def track_local_cell(result: Any) -> None:
     """IPython's ``post_run_cell``: names the notebook's own cell changed are the
-    notebook's again (``df['c'] = ...`` on a DataFrame a remote cell defined and --out)."""
+    notebook's again (``df['c'] = ...`` on a DataFrame a remote cell defined and --out; a
+    draw from a random generator)."""
     if not _spaces:
         return
     info = getattr(result, "info", None)
@@ -208,9 +211,14 @@ def track_local_cell(result: Any) -> None:
     if not source:
         return
     try:
-        changed = names_changed(ast.parse(source))
+        tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return
+    from IPython import get_ipython
+
+    user_ns = getattr(get_ipython(), "user_ns", None) or {}
+    changed = names_changed(tree)
+    changed += [n for n in method_receivers(tree) if stateful(user_ns.get(n))]
     for space in namespaces():
         for name in changed:
             space.remote_owned.pop(name, None)

@@ -50,7 +50,7 @@ from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
 from ._magic_args import argument, magic_arguments, parse_argstring
-from ._remote_code import CellCode, CodeError, names_read, prepare
+from ._remote_code import CellCode, CodeError, names_read, prepare, stateful
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
 from ._remote_stream import cell_streams, figure_settings, kernel_style, publish
@@ -396,7 +396,8 @@ class RemoteCellMagics(Magics):
         files: dict[str, str],
     ) -> Any:
         shell: Any = self.shell
-        changed = [n for n in dict.fromkeys(result["changed"] + code.changes)]
+        drawn = [n for n in code.receivers if stateful(shell.user_ns.get(n))]
+        changed = list(dict.fromkeys(result["changed"] + code.changes + drawn))
         error = result["error"]
         if error is not None:
             space.after_cell(result["namespace"], changed, shell.user_ns, {})

@@ -329,7 +329,7 @@ MIXED: list[Cell] = [
     ("plt.plot([2, 1, 3]);", R),
     ("fig, ax = plt.subplots()\nax.plot([3, 1]);", R),
     ("fig, ax = plt.subplots()\nax.plot([1, 3]);", None),  # reads its own ax, not the remote
-    ("import numpy as np\nx = np.arange(3)", None),
+    ("import numpy as np\nimport pandas as pd\nx = np.arange(3)", None),
     ("x = x * 10", R),
     ("print(x)", None),
     ("x[0] = 7", R),
@@ -338,6 +338,12 @@ MIXED: list[Cell] = [
     ("total, labels", None),
     ("labels = labels + ['c']\nx = x + 1", None),
     ("x, labels", R),
+    # changed by their own methods: a random generator's draws, inplace=True, list.append
+    ("rng = np.random.default_rng(0)\nframe = pd.DataFrame({'v': [3, 1, 2]})", None),
+    ("a = rng.integers(0, 100, 3)\nframe.sort_values('v', inplace=True)", R),
+    ("b = rng.integers(0, 100, 3)\nframe", None),
+    ("c = rng.integers(0, 100, 3)\nlabels.append('d')", None),
+    ("a, b, c, rng.integers(0, 100, 3), labels", R),
 ]
 
 NOTEBOOKS = {
