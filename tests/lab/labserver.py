@@ -166,6 +166,29 @@ class Page:
             script = "([c, a]) => { void window.jupyterapp.commands.execute(c, a); }"
         self.page.evaluate(script, [command, args or {}])
 
+    def open_in(self, app: str, server: Lab, path: str, *, goto: bool = True) -> None:
+        """Open notebook ``path`` in ``app``: ``"lab"`` (``open_notebook``, with ``goto``) or
+        ``"notebook7"`` (its ``/notebooks/`` page: the test is skipped without notebook>=7),
+        and wait until its kernel is idle."""
+        if app == "lab":
+            self.open_notebook(server, path, goto=goto)
+            return
+        pytest.importorskip("notebook", minversion="7")
+        self.page.goto(f"{server.url}notebooks/{path}?token={server.token}")
+        self.page.locator(".jp-NotebookPanel").wait_for(timeout=90_000)
+        self.page.wait_for_function(
+            "() => { const s = window.jupyterapp?.shell?.currentWidget?.sessionContext;"
+            " return !!(s && s.isReady && s.session?.kernel?.status === 'idle'); }",
+            timeout=120_000,
+        )
+
+    def run_cell(self, index: int, command: str = "notebook:run-cell-and-select-next") -> None:
+        """Select cell ``index`` of the current notebook and run it with ``command``."""
+        self.page.evaluate(
+            "i => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", index
+        )
+        self.command(command, wait=False)
+
     def open_notebook(self, server: Lab, path: str, *, goto: bool = True) -> None:
         """Open notebook ``path`` (in JupyterLab on ``server`` first, with ``goto``) and wait
         until its kernel is idle. JupyterLab may ask which kernel to start, sometimes late

@@ -68,19 +68,11 @@ def test_the_stop_button_while_a_build_runs_says_one_line_and_lets_the_env_go(
     page = view.page
     if app == "lab":
         panel = open_panel(view, lab)
-        view.open_notebook(lab, "interrupt.ipynb", goto=False)
-    else:
-        pytest.importorskip("notebook", minversion="7")
-        from test_notebook7 import open_notebook7, run_cell
-
-        open_notebook7(view, lab, "interrupt.ipynb")
+    view.open_in(app, lab, "interrupt.ipynb", goto=False)
     outputs = page.locator(".jp-OutputArea-output")
 
     def run(index: int) -> None:
-        page.evaluate(
-            "i => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", index
-        )
-        view.command("notebook:run-cell", wait=False)
+        view.run_cell(index, "notebook:run-cell")
 
     run(0)
     page.wait_for_function(
@@ -121,10 +113,7 @@ def test_the_stop_button_while_a_build_runs_says_one_line_and_lets_the_env_go(
             1, timeout=30_000
         )
         expect(panel.locator('.jp-RuntimeEnv-group[data-group="interrupt.ipynb"]')).to_have_count(0)
-    if app == "lab":
-        run(2)
-    else:
-        run_cell(view, 2)
+    run(2)
     expect(outputs.filter(has_text="the kernel goes on")).to_have_count(1, timeout=60_000)
     view.shot("03-after")
     assert not view.own_errors(), view.own_errors()
@@ -139,13 +128,7 @@ def test_a_build_widget_whose_kernel_dies_says_so_and_stays_readable(
     (lab.root / "restart.ipynb").write_text(notebook(CELLS))
     view = new_page(f"restarted-{app}")
     page = view.page
-    if app == "lab":
-        view.open_notebook(lab, "restart.ipynb")
-    else:
-        pytest.importorskip("notebook", minversion="7")
-        from test_notebook7 import open_notebook7
-
-        open_notebook7(view, lab, "restart.ipynb")
+    view.open_in(app, lab, "restart.ipynb")
     outputs = page.locator(".jp-OutputArea-output")
     view.command("notebook:run-all-cells", wait=False)
     widget = outputs.filter(has_text="runtime env ")

@@ -48,13 +48,7 @@ def test_a_failed_builds_log_opens_from_view_log_and_no_output_links_a_log_path(
     (lab.root / "failing.ipynb").write_text(notebook(CELLS, tags=["raises-exception"]))
     view = new_page(f"log-links-{app}")
     page = view.page
-    if app == "lab":
-        view.open_notebook(lab, "failing.ipynb")
-    else:
-        pytest.importorskip("notebook", minversion="7")
-        from test_notebook7 import open_notebook7
-
-        open_notebook7(view, lab, "failing.ipynb")
+    view.open_in(app, lab, "failing.ipynb")
     view.command("notebook:run-all-cells", wait=False)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     expect(errors).to_have_count(3, timeout=180_000)

@@ -35,26 +35,6 @@ CELLS = [
 ]
 
 
-def open_notebook7(view: Page, lab: Lab, path: str) -> None:
-    """Notebook 7's page of ``path``, its kernel idle."""
-    page = view.page
-    page.goto(f"{lab.url}notebooks/{path}?token={lab.token}")
-    page.locator(".jp-NotebookPanel").wait_for(timeout=90_000)
-    page.wait_for_function(
-        "() => { const s = window.jupyterapp?.shell?.currentWidget?.sessionContext;"
-        " return !!(s && s.isReady && s.session?.kernel?.status === 'idle'); }",
-        timeout=120_000,
-    )
-
-
-def run_cell(view: Page, index: int) -> None:
-    """Select cell ``index`` and run it (the next one is selected)."""
-    view.page.evaluate(
-        "i => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", index
-    )
-    view.command("notebook:run-cell-and-select-next", wait=False)
-
-
 def test_notebook7_lists_the_sidebar_once_and_shows_the_notebooks_envs(
     lab: Lab, new_page: Callable[[str], Page]
 ) -> None:
@@ -63,7 +43,7 @@ def test_notebook7_lists_the_sidebar_once_and_shows_the_notebooks_envs(
     (lab.root / "nb7.ipynb").write_text(notebook(CELLS))
     view = new_page("nb7")
     page = view.page
-    open_notebook7(view, lab, "nb7.ipynb")
+    view.open_in("notebook7", lab, "nb7.ipynb")
 
     # The palette: one entry that shows the sidebar (Notebook 7 lists each side panel).
     view.command("apputils:activate-command-palette")
@@ -81,7 +61,7 @@ def test_notebook7_lists_the_sidebar_once_and_shows_the_notebooks_envs(
     expect(panel.locator(".jp-RuntimeEnv-live")).to_have_text("live", timeout=20_000)
 
     for i in range(4):
-        run_cell(view, i)
+        view.run_cell(i)
     expect(page.locator(".jp-OutputArea-output").filter(has_text="first 0")).to_have_count(
         1, timeout=180_000
     )
@@ -100,7 +80,7 @@ def test_notebook7_lists_the_sidebar_once_and_shows_the_notebooks_envs(
     pid = worker.get_attribute("data-pid")
     worker.get_by_role("button", name="Stop").click()
     expect(toast(page, f"Stopped worker {pid}")).to_be_visible(timeout=30_000)
-    run_cell(view, 4)
+    view.run_cell(4)
     said = page.locator(".jp-OutputArea-output").filter(has_text="BrokenWorker")
     expect(said).to_contain_text(f"worker pid {pid} was stopped from the sidebar", timeout=60_000)
     assert "SIGKILL" not in said.inner_text()
