@@ -54,6 +54,10 @@ class CellStream:
     """``sys.stdout``/``sys.stderr`` of the kernel while a cell's task is submitted (see
     the module docstring)."""
 
+    #: Read by ``OutputTarget.capture``: the cell's last line stays open when its task ends,
+    #: as a local cell's does (``print(i, end=' ')``); the next cell's output is its own.
+    keeps_last_line_open = True
+
     def __init__(self, stream: TextIO, task_name: str, nonce: str | None = None) -> None:
         self._stream = stream
         self._nonce = nonce

@@ -34,10 +34,16 @@ class OutputTarget:
     stdout: TextIO
     stderr: TextIO
     context: contextvars.Context
+    #: The task's last line is left open when the task ends (not ended with a newline):
+    #: its output is shown apart from any other task's, as a cell's own output is.
+    open_end: bool = False
 
     @classmethod
     def capture(cls, name: str) -> OutputTarget:
-        return cls(name, sys.stdout, sys.stderr, contextvars.copy_context())
+        """The current streams and context; ``open_end`` if ``sys.stdout`` says it shows one
+        task's output alone (``keeps_last_line_open``: a ``%%remote`` cell's stream)."""
+        open_end = getattr(sys.stdout, "keeps_last_line_open", False) is True
+        return cls(name, sys.stdout, sys.stderr, contextvars.copy_context(), open_end)
 
     def write(self, stream: int, text: str) -> None:
         """Write ``text`` to stdout (``stream == 1``) or stderr (2) in the captured context.
@@ -149,19 +155,25 @@ class StreamForwarder:
             self._write_pending(target)
 
     def flush(self, target: OutputTarget | None) -> None:
-        """End a pending or partly written line with a newline (the task or worker ended)."""
+        """End a pending or partly written line with a newline (the task or worker ended);
+        a target with ``open_end`` gets the pending text as it is, without one (``print(i,
+        end=' ')`` in a cell shows as a local cell's). Either way the next task's output
+        starts a line of its own, with its prefix."""
         if not self._fed:
             return  # flushed already, nothing fed since: no pending bytes, no open line
         self._fed = False
+        newline = "" if target is not None and target.open_end else "\n"
         tail = self._decoder.decode(b"", final=True)
         if tail:
             self._pending.append(tail)
         if self._pending:
             text = "".join(self._pending)
             self._pending, self._pending_size = [], 0
-            self._write(self._render(text, self._prefix(target)) + "\n", target)
-        elif self._open:
-            self._write("\n", target)
+            rendered = self._render(text, self._prefix(target))
+            if rendered or newline:
+                self._write(rendered + newline, target)
+        elif self._open and newline:
+            self._write(newline, target)
         self._open = self._rewind = False
 
     def _write_pending(self, target: OutputTarget | None) -> None:

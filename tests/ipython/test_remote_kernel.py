@@ -153,3 +153,20 @@ def test_a_progress_line_shows_while_a_remote_cell_runs(
     assert "pid=" not in text
     assert text.endswith("\r100%\n")
     assert text.split("\n")[0].split("\r")[-1] == "100%"
+
+
+def test_a_cells_last_line_stays_open_as_a_local_cells_does(
+    kernel: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    """``print(i, end=' ')`` as a cell's last output: the same stream text as the local cell
+    (no newline added when the task ends), and the next remote cell's lines are its own."""
+    _, client = kernel
+    assert execute(client, "%load_ext jupyter_runtimeenv")[0]["status"] == "ok"
+    code = "for i in range(4):\n    print(i, end=' ')"
+    reply, local = execute(client, code)
+    assert reply["status"] == "ok"
+    reply, remote = execute(client, "%%remote\n" + code)
+    assert reply["status"] == "ok"
+    assert streamed(remote) == streamed(local) == "0 1 2 3 "
+    reply, messages = execute(client, "%%remote\nprint('next')\nprint('end', end='')")
+    assert streamed(messages) == "next\nend"
