@@ -170,3 +170,27 @@ def test_a_cells_last_line_stays_open_as_a_local_cells_does(
     assert streamed(remote) == streamed(local) == "0 1 2 3 "
     reply, messages = execute(client, "%%remote\nprint('next')\nprint('end', end='')")
     assert streamed(messages) == "next\nend"
+
+
+def test_a_syntax_error_shows_as_the_same_code_in_a_plain_cell(
+    kernel: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    """The body's own line numbers and the plain cell's file name, not counting the
+    ``%%remote`` line: ename, evalue and the caret block are the local cell's."""
+    _, client = kernel
+    assert execute(client, "%load_ext jupyter_runtimeenv")[0]["status"] == "ok"
+    codes = [
+        "frame.loc[(:, 1), (:, 'HR')]",  # the Handbook's 03.05
+        "%timeit sum(range(3),\n    start=0)",  # 03.12: an IndentationError on line 2
+        "def f():\nreturn 1",  # the message names a line too
+    ]
+    for code in codes:
+        shown = []
+        for cell in (code, "%%remote\n" + code):
+            reply, messages = execute(client, cell)
+            assert reply["status"] == "error"
+            [error] = [m["content"] for m in messages if m["msg_type"] == "error"]
+            text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+            caret = re.sub(r"In\[\d+\]", "In[n]", text[text.rindex("Cell In[") :])
+            shown.append((error["ename"], error["evalue"], caret))
+        assert shown[1] == shown[0], code
