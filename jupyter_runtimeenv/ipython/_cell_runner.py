@@ -12,10 +12,11 @@ it imports are there for the next cell, as in a kernel; the inputs the kernel se
 bound first. The body (already through IPython's input transforms in the kernel) runs like
 an IPython cell: the last expression's value is formatted here into a mime bundle and comes
 back for the kernel to show as ``Out[n]``, unless the cell ends with ``;``; it is stored as
-``_`` in the namespace, never shipped. ``--out`` values travel pickled one by one, each with
-its ``repr`` and the versions of the packages its pickle names, for when it cannot be
-unpickled in the kernel. Errors come back as data: the traceback without this module's frame,
-and the exception described by ``_exc_state``.
+``_`` in the namespace, never shipped. The inputs and the ``--out`` values travel pickled
+together (``_cell_values``: what they share stays shared), the latter with the versions of
+the packages each one's pickle names, for when it cannot be unpickled in the kernel. Errors
+come back as data: the traceback without this module's frame, and the exception described
+by ``_exc_state``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from .._exc_state import describe, safe_str
 from ._cell_display import begin_cell, end_cell, format_object
 from ._cell_magics import RemoteShell
+from ._cell_values import aliases, dump, load, segment
 
 #: The per-process registry of remote namespaces (a module, so it outlives each cell's
 #: by-value copy of this file).
@@ -117,61 +119,31 @@ def versions(modules: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def dumps(value: Any) -> bytes:
-    """``cloudpickle.dumps``, but a class whose module is not imported yet is imported before
-    it is pickled: cloudpickle pickles such a class by value, and the copy it makes is another
-    class where it is loaded (``numpy.recarray``'s module is ``numpy.rec``, loaded lazily: a
-    recarray came back as a class whose methods fail with ``super(type, obj)``)."""
-    import importlib
-    import io
-    import sys
-
-    import cloudpickle
-
-    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # untyped
-        def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, type):
-                module = getattr(obj, "__module__", None)
-                if isinstance(module, str) and module not in sys.modules:
-                    try:  # noqa: SIM105 - the worker imports as little as it can
-                        importlib.import_module(module)
-                    except Exception:  # not importable: cloudpickle's own choice
-                        pass
-            return super().reducer_override(obj)
-
-    buffer = io.BytesIO()
-    Pickler(buffer, protocol=5).dump(value)
-    return buffer.getvalue()
-
-
-def _item(value: Any) -> dict[str, Any]:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not lose the rest
-        text = f"<{type(value).__name__} object (repr failed: {exc!r})>"
-    try:
-        blob: bytes | None = dumps(value)
-        problem = ""
-    except Exception as exc:
-        blob, problem = None, f"{type(exc).__name__}: {exc}"
-    modules = versions(_modules_in(blob)) if blob is not None else {}
-    return {"pickle": blob, "repr": text[:2000], "modules": modules, "problem": problem}
+def _outputs(namespace: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The bundle of the names asked for (``_cell_values.dump``: pickled together), with
+    the versions of the packages each one's pickle names (``modules``)."""
+    bundle = dump({name: namespace[name] for name in names})
+    bundle["modules"] = {
+        name: versions(_modules_in(segment(bundle, name))) for name in bundle["names"]
+    }
+    return bundle
 
 
 def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     """Run one cell (see the module docstring). ``request`` holds ``source``, ``filename``,
-    ``inputs`` (name -> pickle), ``outputs`` (names), ``namespace`` (``key``, ``expected``:
-    what the kernel knows of it), ``nonce``, ``figures`` and ``quiet``.
+    ``inputs`` (a ``_cell_values`` bundle), ``outputs`` (names), ``namespace`` (``key``,
+    ``expected``: what the kernel knows of it), ``nonce``, ``figures``, ``quiet`` and
+    ``changes`` (the names the cell changes in place, as the kernel reads its code).
 
     Returns ``error`` (or None), ``value`` (the last expression's bundle, or None),
-    ``outputs`` (name -> item), ``missing``, ``changed`` (names the cell bound or rebound)
-    and ``namespace`` (pid, whether it was created now, cells run, names held).
+    ``outputs`` (the bundle of those names, with ``modules``), ``missing``, ``changed``
+    (names the cell bound or rebound, and the others bound to what it changed) and
+    ``namespace`` (pid, whether it was created now, cells run, names held).
     """
     import ast
     import builtins
     import linecache
     import os
-    import pickle
 
     spaces = _registry()
     key = request["namespace"]["key"]
@@ -199,18 +171,19 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
     # backend then.
     begin_cell(request["nonce"], request["figures"])
-    for name, blob in request["inputs"].items():
-        try:
-            namespace[name] = pickle.loads(blob)
-        except BaseException as exc:
-            result["error"] = {
-                **_error(exc, 1),
-                "input": name,
-                "modules": versions(_modules_in(blob)),
-            }
-            if not request["namespace"].get("keep", True):
-                del spaces[key]
-            return result
+    inputs = request["inputs"]
+    values, failed = load(inputs)
+    for name, exc in failed.items():  # the first that did not load
+        result["error"] = {
+            **_error(exc, 1),
+            "input": name,
+            "modules": versions(_modules_in(segment(inputs, name))),
+        }
+        if not request["namespace"].get("keep", True):
+            del spaces[key]
+        return result
+    namespace.update(values)
+    del values, inputs
     before = {name: id(value) for name, value in namespace.items()}
     shown = request.get("lines") or source  # tracebacks show the cell as written
     lines = shown.splitlines(keepends=True)
@@ -246,6 +219,8 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     result["changed"] = [
         name for name, obj in namespace.items() if name not in _OWN and before.get(name) != id(obj)
     ]
+    # Names bound to what the cell changed in place (``y`` of ``y = x``, ``x.append(4)``).
+    result["changed"] += aliases(namespace, list(request.get("changes") or ()))
     result["namespace"]["names"] = sorted(
         name for name in namespace if name not in _OWN and not name.startswith("__")
     )
@@ -253,9 +228,8 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         del spaces[key]  # an executor that keeps no worker for a namespace
     if result["error"] is not None:
         return result
-    for name in request["outputs"]:
-        if name in namespace:
-            result["outputs"][name] = _item(namespace[name])
-        else:
-            result["missing"].append(name)
+    result["missing"] = [name for name in request["outputs"] if name not in namespace]
+    result["outputs"] = _outputs(
+        namespace, [name for name in request["outputs"] if name in namespace]
+    )
     return result

@@ -29,7 +29,7 @@ from . import _cell_runner
 from ._remote_code import local_reads
 from ._remote_namespaces import RemoteNamespace, namespaces
 from ._remote_stream import cell_streams, figure_settings
-from ._remote_values import Unloadable, load
+from ._remote_values import load_all
 
 __all__ = ["bring_back"]
 
@@ -105,18 +105,13 @@ def _fetch(shell: Any, executor: Any, space: RemoteNamespace, names: list[str]) 
     if result["error"] is not None:
         _say(f"could not bring back {_listed(names)}: {result['error'].get('message')}")
         return
-    values: dict[str, Any] = {}
-    for name in names:
-        item = result["outputs"].get(name)
-        if item is None:
-            continue  # gone from the namespace (``del``): the notebook's value stands
-        try:
-            values[name] = load(item)
-        except Unloadable as exc:
-            _say(
-                f"{name!r} was changed last by a %%remote cell of {space.label}, and cannot be"
-                f" brought back into the notebook: {exc} (use it in a %%remote cell)"
-            )
+    # Names gone from the namespace (``del``) are not in it: the notebook's values stand.
+    values, unloadable = load_all(result["outputs"])
+    for name, why in unloadable.items():
+        _say(
+            f"{name!r} was changed last by a %%remote cell of {space.label}, and cannot be"
+            f" brought back into the notebook: {why} (use it in a %%remote cell)"
+        )
     shell.push(values)
     space.after_cell(result["namespace"], [], shell.user_ns, values)
 

@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._cell_values import aliases
 from ._remote_code import method_receivers, names_changed, stateful
 
 __all__ = ["RemoteNamespace", "forget_all", "namespace_for", "namespaces", "track_local_cell"]
@@ -219,6 +220,7 @@ def track_local_cell(result: Any) -> None:
     user_ns = getattr(get_ipython(), "user_ns", None) or {}
     changed = names_changed(tree)
     changed += [n for n in method_receivers(tree) if stateful(user_ns.get(n))]
+    changed += aliases(user_ns, changed)  # ``y`` of ``y = x``, after ``x.append(4)``
     for space in namespaces():
         for name in changed:
             space.remote_owned.pop(name, None)

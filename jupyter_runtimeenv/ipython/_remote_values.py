@@ -1,38 +1,45 @@
 """Values crossing between the kernel and an env: unpickled here, or a one-line reason why not.
 
 Who calls it: ``remote_cell`` for ``--out`` values (and an input the worker could not
-unpickle). A value that does not cross is named with its cause: the package the kernel
-lacks (``scikit-learn is not installed in this kernel (the env has 1.5.2)``), or the
-packages whose versions differ between the env and the kernel, both versions given
-(``pandas 2.2.3 in the env, 3.1.1 here``): the usual reason a pickle of one version does not
-load in another. The worker sends, with each value, the versions of the packages its pickle
-names (``_cell_runner.versions``); this side compares them with its own.
+unpickle), ``_remote_fetch`` for the values a notebook cell brings back. A value that does
+not cross is named with its cause: the package the kernel lacks (``scikit-learn is not
+installed in this kernel (the env has 1.5.2)``), or the packages whose versions differ
+between the env and the kernel, both versions given (``pandas 2.2.3 in the env, 3.1.1
+here``): the usual reason a pickle of one version does not load in another. The worker
+sends, with each value, the versions of the packages its pickle names
+(``_cell_runner.versions``); this side compares them with its own.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import cloudpickle
-
 from ._cell_runner import versions
+from ._cell_values import SharesFailed
+from ._cell_values import load as load_names
 
-__all__ = ["Unloadable", "load", "mismatch"]
+__all__ = ["Unloadable", "load_all", "mismatch"]
 
 
 class Unloadable(Exception):
     """A value that cannot be unpickled here; the message is one line, its cause."""
 
 
-def load(item: dict[str, Any]) -> Any:
-    """The value of ``item`` (``_cell_runner._item``); ``Unloadable`` with its cause."""
-    blob = item.get("pickle")
-    if blob is None:
-        raise Unloadable(f"it cannot be pickled in the worker: {item.get('problem') or '?'}")
-    try:
-        return cloudpickle.loads(blob)
-    except Exception as exc:
-        raise Unloadable(explain(exc, item.get("modules") or {}, into="kernel")) from None
+def load_all(bundle: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Unloadable]]:
+    """The values of a bundle of names (``_cell_runner._outputs``: pickled together, so
+    what they share is shared here too), and ``Unloadable`` with its cause for each name
+    that could not be pickled in the worker or unpickled here."""
+    unloadable: dict[str, Unloadable] = {}
+    for name, problem in (bundle.get("problems") or {}).items():
+        unloadable[name] = Unloadable(f"it cannot be pickled in the worker: {problem or '?'}")
+    if not bundle.get("names"):
+        return {}, unloadable
+    values, failed = load_names(bundle)
+    modules = bundle.get("modules") or {}
+    for name, exc in failed.items():
+        why = str(exc) if isinstance(exc, SharesFailed) else None
+        unloadable[name] = Unloadable(why or explain(exc, modules.get(name) or {}, "kernel"))
+    return values, unloadable
 
 
 def explain(exc: BaseException, theirs: dict[str, list[str]], into: str) -> str:

@@ -49,18 +49,18 @@ from ..errors import (
 from ..spec import RuntimeEnvSpec, parse, refresh
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
-from . import _cell_display, _cell_figures, _cell_magics, _cell_runner
+from . import _cell_display, _cell_figures, _cell_magics, _cell_runner, _cell_values
 from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, prepare, stateful
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
 from ._remote_stream import cell_streams, figure_settings, kernel_style, publish
-from ._remote_values import Unloadable, explain, load
+from ._remote_values import explain, load_all
 
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
 
 # The runner goes by value: the env's interpreter need not have jupyter_runtimeenv.
-for _module in (_cell_runner, _cell_display, _cell_figures, _cell_magics, _exc_state):
+for _module in (_cell_runner, _cell_values, _cell_display, _cell_figures, _cell_magics, _exc_state):
     cloudpickle.register_pickle_by_value(_module)
 
 #: The task name of a cell (its output lines are written without the task prefix).
@@ -185,6 +185,7 @@ class RemoteCellMagics(Magics):
             "outputs": outputs,
             "nonce": nonce,
             "quiet": code.quiet,
+            "changes": code.changes,
         }
         extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
         if args.files_out:
@@ -364,9 +365,10 @@ class RemoteCellMagics(Magics):
 
     def _inputs(
         self, args: Any, code: CellCode, space: RemoteNamespace
-    ) -> tuple[dict[str, bytes], dict[str, str]]:
-        """The pickled notebook variables to send, and the code files of the functions
-        among them (to name their frames in a traceback)."""
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The notebook variables to send, pickled together (``_cell_values``: what they
+        share stays shared), and the code files of the functions among them (to name their
+        frames in a traceback)."""
         shell: Any = self.shell
         namespace: dict[str, Any] = shell.user_ns
         if args.inputs is not None:
@@ -385,20 +387,17 @@ class RemoteCellMagics(Magics):
                 and not (hasattr(builtins, n) and namespace[n] is getattr(builtins, n))
             ]
             names = space.to_send(candidates, namespace)
-        inputs: dict[str, bytes] = {}
+        inputs = _cell_values.dump({name: namespace[name] for name in names})
+        for name, problem in inputs["problems"].items():
+            hint = "" if args.inputs is not None else " (--in a,b chooses what is sent)"
+            raise UsageError(
+                f"remote: the variable {name!r} ({type(namespace[name]).__name__}) cannot be"
+                f" pickled: {problem}{hint}"
+            )
         files: dict[str, str] = {}
         for name in names:
-            value = namespace[name]
-            try:
-                inputs[name] = _cell_runner.dumps(value)
-            except Exception as exc:
-                hint = "" if args.inputs is not None else " (--in a,b chooses what is sent)"
-                raise UsageError(
-                    f"remote: the variable {name!r} ({type(value).__name__}) cannot be"
-                    f" pickled: {type(exc).__name__}: {exc}{hint}"
-                ) from None
-            if callable(value):
-                files.update(code_files(value))
+            if callable(namespace[name]):
+                files.update(code_files(namespace[name]))
         return inputs, files
 
     # -- after ---------------------------------------------------------------------------
@@ -439,13 +438,8 @@ class RemoteCellMagics(Magics):
             space.after_cell(result["namespace"], changed, shell.user_ns, {})
             names = ", ".join(repr(n) for n in result["missing"])
             raise UsageError(f"remote: --out: the cell did not define {names}")
-        values: dict[str, Any] = {}
-        failed: list[str] = []
-        for name in outputs:
-            try:
-                values[name] = load(result["outputs"][name])
-            except Unloadable as exc:
-                failed.append(f"--out {name}: {exc}")
+        values, unloadable = load_all(result["outputs"])
+        failed = [f"--out {name}: {unloadable[name]}" for name in outputs if name in unloadable]
         shell.push(values)
         space.after_cell(result["namespace"], changed, shell.user_ns, values)
         if failed:

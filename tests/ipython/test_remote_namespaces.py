@@ -108,6 +108,41 @@ def test_a_name_the_cell_binds_before_reading_it_is_not_brought_back(
     assert capsys.readouterr().err == ""  # no word of a value that cannot come back
 
 
+def test_names_that_share_an_object_share_it_across_a_transfer(shell: InteractiveShell) -> None:
+    """handbook.py --mode mixed: ``fig, ax = plt.subplots()`` in a remote cell, then
+    ``ax.set(...); fig`` in a notebook cell drew on a copy of the figure (each name crossed
+    as its own pickle); the names of one transfer are pickled together, both ways."""
+    run(
+        shell,
+        "%%remote\nimport numpy as np\nx = [1, 2, 3]\ny = x\n"
+        "grid = np.arange(12.0).reshape(3, 4)\ncorner = grid[:2, :2]",
+    )
+    # Brought back together: one list, and a view of the array brought back with it.
+    result = run(shell, "x.append(4)\ncorner[0, 0] = 99.0\n(y, float(grid[0, 0]))")
+    assert result.result == ([1, 2, 3, 4], 99.0)
+    # Sent together.
+    run(shell, "pair = [0]\nsame = pair")
+    assert shown(run(shell, "%%remote\npair.append(1)\nsame")) == "[0, 1]"
+    # --out together.
+    run(shell, "%%remote --out left,both\nleft = {'k': 1}\nboth = [left, left]")
+    assert shell.user_ns["both"][0] is shell.user_ns["left"]
+    assert shell.user_ns["both"][1] is shell.user_ns["left"]
+
+
+def test_a_change_in_place_reaches_the_other_names_of_its_object(shell: InteractiveShell) -> None:
+    """Whirlwind 03 (mixed): ``y = x`` in a remote cell, ``x.append(4)`` in a later one,
+    then ``print(y)`` in a notebook cell printed the notebook's older ``y``."""
+    run(shell, "%%remote\nxs = [1, 2, 3]\nys = xs")
+    assert run(shell, "ys").result == [1, 2, 3]
+    run(shell, "%%remote\nxs.append(4)")
+    assert run(shell, "ys").result == [1, 2, 3, 4]
+    # The same the other way: a notebook cell's change in place is sent for both names.
+    run(shell, "%%remote\nus = [0]\nvs = us")
+    run(shell, "us, vs")
+    run(shell, "us.append(1)")
+    assert shown(run(shell, "%%remote\nvs")) == "[0, 1]"
+
+
 def test_the_newest_binding_wins(shell: InteractiveShell) -> None:
     run(shell, "model = 'notebook'")
     run(shell, "%%remote\nmodel = 'remote'")
@@ -177,6 +212,21 @@ def test_a_value_the_kernel_cannot_load_stays_remote(
     )
     assert shell.user_ns["count"] == 3  # the other names are assigned
     assert "model" not in shell.user_ns
+    # Pickled together, a name that holds the one that cannot load is named too (not
+    # loaded with a stand-in); the names after them still load.
+    run(
+        shell,
+        f"%%remote --runtime-env '{spec}' --out model,holder,total\n"
+        "holder = [model]\ntotal = count + 1",
+    )
+    line = one_error_line(capsys)
+    assert line == (
+        "UsageError: remote: --out model: envonly is not installed in this kernel;"
+        " --out holder: it shares an object with 'model', which did not load"
+        " (they stay in the remote namespace: use it in the next %%remote cell)"
+    )
+    assert shell.user_ns["total"] == 4
+    assert "holder" not in shell.user_ns
     assert shown(run(shell, f"%%remote --runtime-env '{spec}'\nmodel.score()")) == "0.75"
 
 
