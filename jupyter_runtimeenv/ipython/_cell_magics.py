@@ -90,8 +90,7 @@ class RemoteShell:
         """``!cmd``: a shell runs it in the worker's cwd; its output streams into the cell."""
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        code = subprocess.call(self.var_expand(cmd), shell=True)
-        self.user_ns["_exit_code"] = code
+        self.user_ns["_exit_code"] = _system(self.var_expand(cmd))
 
     def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> Any:
         """``x = !cmd``: its output lines (IPython's ``SList`` when the env has IPython)."""
@@ -212,3 +211,54 @@ def _timeit_result(loops: int, repeat: int, per_loop: list[float], precision: in
     all_runs = [t * loops for t in per_loop]
     result: Any = execution.TimeitResult
     return result(loops, repeat, min(per_loop), max(per_loop), all_runs, 0.0, precision)
+
+
+def _system(command: str) -> int:
+    """Run ``command`` as IPython runs ``!cmd`` in a kernel (pexpect): the user's shell in a
+    pseudo-terminal of 24 x 80, so its output and errors are one stream, lines end with
+    ``\r\n``, and programs write as they do to a terminal (``ls`` in columns). Where no
+    pseudo-terminal can be had, a plain shell with the worker's own streams."""
+    import shutil
+
+    try:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        master, slave = pty.openpty()
+    except (ImportError, OSError):
+        return subprocess.call(command, shell=True)
+    shell = shutil.which(os.environ.get("SHELL") or "sh") or "/bin/sh"
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        child = subprocess.Popen(
+            [shell, "-c", command],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal closed it
+                break
+            if not data:
+                break
+            sys.stdout.write(decoder.decode(data))
+            sys.stdout.flush()
+        sys.stdout.write(decoder.decode(b"", final=True))
+        sys.stdout.flush()
+    finally:
+        os.close(master)
+    return child.wait()

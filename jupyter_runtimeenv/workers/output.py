@@ -136,9 +136,12 @@ class StreamForwarder:
             self._write(out, target)
         else:
             pieces: list[str] = []
+            # A cell's output keeps a terminal's line ends (``!cmd``'s ``\r\n``), as the
+            # kernel shows a local cell's.
+            crlf = target is not None and target.open_end
             for line in lines[:-1].split("\n"):
                 pieces.append(self._render(line, prefix))
-                pieces.append("\n")
+                pieces.append("\r\n" if crlf and line.endswith("\r") else "\n")
                 self._open = self._rewind = False
             self._write("".join(pieces), target)
         if self._pending_size >= self.cap:

@@ -194,3 +194,30 @@ def test_a_syntax_error_shows_as_the_same_code_in_a_plain_cell(
             caret = re.sub(r"In\[\d+\]", "In[n]", text[text.rindex("Cell In[") :])
             shown.append((error["ename"], error["evalue"], caret))
         assert shown[1] == shown[0], code
+
+
+def test_a_shell_command_shows_as_in_a_local_cell(
+    kernel: tuple[KernelManager, BlockingKernelClient],
+) -> None:
+    """``!cmd`` runs in a pseudo-terminal, as ipykernel runs it (pexpect): its output and
+    errors are one stdout stream whose lines end with ``\\r\\n`` (handbook.py: ``!head``,
+    ``!ls`` of a missing file)."""
+    _, client = kernel
+    assert execute(client, "%load_ext jupyter_runtimeenv")[0]["status"] == "ok"
+    code = "!echo out; echo err >&2; ls /nowhere-at-all; printf 'no end'"
+    shown = []
+    for cell in (code, "%%remote\n" + code):
+        reply, messages = execute(client, cell)
+        assert reply["status"] == "ok"
+        streams: list[tuple[str, str]] = []
+        for m in messages:
+            if m["msg_type"] != "stream":
+                continue
+            name, text = m["content"]["name"], m["content"]["text"]
+            if streams and streams[-1][0] == name:
+                streams[-1] = (name, streams[-1][1] + text)
+            else:
+                streams.append((name, text))
+        shown.append(streams)
+    assert shown[0][0][1].startswith("out\r\nerr\r\n")  # the local cell, as ipykernel shows it
+    assert shown[1] == shown[0]

@@ -303,7 +303,7 @@ def test_magics_run_in_the_worker(
     run(shell, "word = 'hello'")
     run(shell, "%%remote\n!echo {word} $word\nlines = !echo a; echo b\nprint(lines)")
     out = capsys.readouterr().out
-    assert "hello hello\n" in out
+    assert "hello hello\r\n" in out  # a terminal's line end, as in a kernel
     assert "['a', 'b']" in out
     assert shown(run(shell, "%%remote\n%matplotlib inline\nimport os\n%pwd")) != ""
 
