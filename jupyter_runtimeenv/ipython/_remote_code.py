@@ -62,6 +62,25 @@ _MUTATORS = frozenset(
         "update",
     }
 )
+#: Functions that change their first argument: ``next(it)``, ``random.shuffle(x)``/
+#: ``rng.shuffle(x)``, ``heapq``'s and ``bisect.insort``'s (bare or through their module).
+_ARGUMENT_CHANGERS = frozenset(
+    {
+        "next",
+        "shuffle",
+        "heapify",
+        "heappop",
+        "heappush",
+        "heappushpop",
+        "heapreplace",
+        "insort",
+        "insort_left",
+        "insort_right",
+    }
+)
+#: NumPy's functions that change their first argument (``np.copyto(dst, src)``); a ufunc's
+#: ``at`` (``np.add.at(counts, i, 1)``) too.
+_NUMPY_CHANGERS = frozenset({"copyto", "fill_diagonal", "place", "put", "putmask"})
 
 
 class CodeError(Exception):
@@ -110,8 +129,9 @@ def names_changed(tree: ast.AST) -> list[str]:
     """Names a statement rebinds or changes in place, at the top level of the cell (what
     a function body does to its locals is its own): assignment targets, the object of a
     ``x[...] =``/``x.a =``/``del x[...]``, augmented assignments, imports, ``def``/``class``,
-    ``for``/``with`` targets and ``:=``, and the object of a method that changes it
-    (``_MUTATORS``, or any method called with ``inplace=True``)."""
+    ``for``/``with`` targets and ``:=``, the object of a method that changes it
+    (``_MUTATORS``, or any method called with ``inplace=True``), the first argument of a
+    function that changes it (``next(it)``, ``np.add.at(counts, i, 1)``) and ``out=``."""
     found: list[str] = []
 
     def base(node: ast.AST) -> None:
@@ -148,18 +168,40 @@ def names_changed(tree: ast.AST) -> list[str]:
                 found.append((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, ast.NamedExpr):
             base(node.target)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            inplace = any(
-                k.arg == "inplace" and isinstance(k.value, ast.Constant) and k.value.value is True
-                for k in node.keywords
-            )
-            if inplace or node.func.attr in _MUTATORS:
-                base(node.func.value)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):
+                inplace = any(
+                    k.arg == "inplace"
+                    and isinstance(k.value, ast.Constant)
+                    and k.value.value is True
+                    for k in node.keywords
+                )
+                if inplace or node.func.attr in _MUTATORS:
+                    base(node.func.value)
+            if node.args and _changes_its_argument(node.func):
+                base(node.args[0])
+            for keyword in node.keywords:
+                if keyword.arg == "out":  # np.add(a, b, out=c)
+                    base(keyword.value)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
     return list(dict.fromkeys(found))
+
+
+def _changes_its_argument(function: ast.expr) -> bool:
+    """Whether a call of ``function`` changes its first argument (``_ARGUMENT_CHANGERS``,
+    ``_NUMPY_CHANGERS`` through ``np``/``numpy``, a ufunc's ``at``)."""
+    if isinstance(function, ast.Name):
+        return function.id in _ARGUMENT_CHANGERS
+    if not isinstance(function, ast.Attribute):
+        return False
+    if function.attr == "at":
+        return isinstance(function.value, ast.Attribute)  # np.add.at, not frame.at
+    if function.attr in _NUMPY_CHANGERS:
+        return isinstance(function.value, ast.Name) and function.value.id in ("np", "numpy")
+    return function.attr in _ARGUMENT_CHANGERS
 
 
 def method_receivers(tree: ast.AST) -> list[str]:

@@ -14,8 +14,9 @@ changed last, which decides what the next cell is sent:
 So a model fitted in one remote cell is scored in the next even if the kernel cannot
 unpickle it (or has another value under that name), and a DataFrame edited locally is sent
 again. The common methods that change their object (``lst.append(x)``, ``inplace=True``,
-any draw from a random generator) count as changes; others (``np.add.at(counts, ...)``) are
-not seen: ``--in`` sends a name whatever the rule says. The same rule the other way: a
+any draw from a random generator) and functions that change their argument (``next(it)``,
+``np.add.at(counts, ...)``) count as changes; others (a function of the notebook's) are not
+seen: ``--in`` sends a name whatever the rule says. The same rule the other way: a
 notebook cell that reads a name whose newest value is in a remote namespace (``stale``) gets
 it first (``_remote_fetch``).
 

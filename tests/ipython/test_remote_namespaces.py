@@ -143,6 +143,20 @@ def test_a_change_in_place_reaches_the_other_names_of_its_object(shell: Interact
     assert shown(run(shell, "%%remote\nvs")) == "[0, 1]"
 
 
+def test_a_function_that_changes_its_argument_changes_it_where_it_ran(
+    shell: InteractiveShell,
+) -> None:
+    """Whirlwind 10 (mixed): ``next(I)`` in turns in notebook and remote cells drew the
+    same items twice; ``np.add.at(counts, ...)`` was not seen as a change of ``counts``."""
+    run(shell, "%%remote\nI = iter([2, 4, 6, 8])")
+    assert run(shell, "next(I)").result == 2
+    assert shown(run(shell, "%%remote\nnext(I)")) == "4"
+    assert run(shell, "next(I)").result == 6
+    run(shell, "import numpy as np\ncounts = np.zeros(3)")
+    run(shell, "%%remote\nnp.add.at(counts, [0, 0, 2], 1)")
+    assert run(shell, "counts.tolist()").result == [2.0, 0.0, 1.0]
+
+
 def test_the_newest_binding_wins(shell: InteractiveShell) -> None:
     run(shell, "model = 'notebook'")
     run(shell, "%%remote\nmodel = 'remote'")
