@@ -38,8 +38,10 @@ from ._cell_figures import (
     figure_bundle,
     flush_figures,
     is_figure,
+    rc_snapshot,
     register_figure_formatters,
     state,
+    style_changes,
 )
 
 MARK = "\x1bPjupyter-runtimeenv;"
@@ -70,21 +72,24 @@ def begin_cell(nonce: str, figures: dict[str, Any]) -> None:
     choose_backend()
     if figures.get("style") is not None:
         apply_style(figures["style"])
+    current["rc_before"] = rc_snapshot()
     import builtins
 
     builtins.display = display  # type: ignore[attr-defined]  # as IPython puts it there
     _patch_ipython()
 
 
-def end_cell() -> None:
+def end_cell() -> bytes | None:
     """After a cell (also one that raised): the figures it left open, shown after its
-    result as the inline backend's post-execute hook shows them, then closed."""
+    result as the inline backend's post-execute hook shows them, then closed. Returns the
+    style settings the cell changed, for the kernel (``style_changes``)."""
     current = state()
     current["post"] = True
     try:
         flush_figures()
     finally:
         current["post"] = False
+    return style_changes(current.pop("rc_before", None))
 
 
 def _emitter(nonce: str) -> Any:

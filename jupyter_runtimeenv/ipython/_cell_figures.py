@@ -290,6 +290,64 @@ def apply_style(style: dict[str, Any]) -> None:
                 pass
 
 
+#: matplotlib's ``STYLE_BLACKLIST``: settings of the process, not of a figure's style.
+NOT_STYLE = frozenset(
+    {
+        "backend",
+        "backend_fallback",
+        "date.epoch",
+        "docstring.hardcopy",
+        "figure.max_open_warning",
+        "figure.raise_window",
+        "interactive",
+        "savefig.directory",
+        "timezone",
+        "tk.window_focus",
+        "toolbar",
+        "webagg.address",
+        "webagg.open_in_browser",
+        "webagg.port",
+        "webagg.port_retries",
+    }
+)
+
+
+def rc_snapshot() -> dict[str, Any] | None:
+    """The worker's ``rcParams`` as they are (None before matplotlib is imported)."""
+    params = getattr(sys.modules.get("matplotlib"), "rcParams", None)
+    return None if params is None else dict.copy(params)
+
+
+def style_changes(before: dict[str, Any] | None) -> bytes | None:
+    """The style settings a cell changed (``plt.style.use``, ``plt.rc``, ``rcParams[...] =``),
+    pickled for the kernel to take as the newest (``_remote_stream.take_style``); None if
+    none changed. ``before``: ``rc_snapshot()`` as the cell began."""
+    matplotlib = sys.modules.get("matplotlib")
+    params = getattr(matplotlib, "rcParams", None)
+    if params is None:
+        return None
+    if before is None:  # imported by the cell: its settings began as matplotlib's
+        before = dict.copy(getattr(matplotlib, "rcParamsOrig", {}))
+    changed = {}
+    for key, value in dict.items(params):
+        if key in NOT_STYLE:
+            continue
+        try:
+            same = bool(value == before.get(key))
+        except Exception:  # a value that does not compare: take it as changed
+            same = False
+        if not same:
+            changed[key] = value
+    if not changed:
+        return None
+    import pickle
+
+    try:
+        return pickle.dumps(changed)
+    except Exception:  # a setting that does not pickle: the kernel keeps its own style
+        return None
+
+
 def use_inline() -> None:
     """``%matplotlib inline`` in a cell: this module's backend from now on."""
     os.environ["MPLBACKEND"] = "module://" + BACKEND

@@ -137,8 +137,9 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
 
     Returns ``error`` (or None), ``value`` (the last expression's bundle, or None),
     ``outputs`` (the bundle of those names, with ``modules``), ``missing``, ``changed``
-    (names the cell bound or rebound, and the others bound to what it changed) and
-    ``namespace`` (pid, whether it was created now, cells run, names held).
+    (names the cell bound or rebound, and the others bound to what it changed), ``style``
+    (the matplotlib settings it changed, pickled, or None) and ``namespace`` (pid, whether
+    it was created now, cells run, names held).
     """
     import ast
     import builtins
@@ -212,7 +213,7 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
                     result["value"] = {"data": data, "metadata": metadata}
     finally:
         try:
-            end_cell()
+            result["style"] = end_cell()
         except Exception as exc:  # drawing a figure failed: the cell's error, if none
             if result["error"] is None:
                 result["error"] = _error(exc, 1)

@@ -28,7 +28,7 @@ from .. import api
 from . import _cell_runner
 from ._remote_code import local_reads
 from ._remote_namespaces import RemoteNamespace, namespaces
-from ._remote_stream import cell_streams, figure_settings
+from ._remote_stream import cell_streams, figure_settings, take_style
 from ._remote_values import load_all
 
 __all__ = ["bring_back"]
@@ -37,6 +37,7 @@ __all__ = ["bring_back"]
 def bring_back(info: Any) -> None:
     """IPython's ``pre_run_cell``: fetch the remote values the notebook's cell will read."""
     raw = getattr(info, "raw_cell", None) or ""
+    take_style(None)  # a remote cell's style, kept until the kernel imported matplotlib
     spaces = namespaces()
     if not raw or raw.lstrip().startswith("%%remote") or not any(s.stale for s in spaces):
         return

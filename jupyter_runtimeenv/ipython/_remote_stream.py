@@ -30,8 +30,16 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from ._cell_display import END, MARK
+from ._cell_figures import NOT_STYLE
 
-__all__ = ["CellStream", "cell_streams", "figure_settings", "kernel_style", "publish"]
+__all__ = [
+    "CellStream",
+    "cell_streams",
+    "figure_settings",
+    "kernel_style",
+    "publish",
+    "take_style",
+]
 
 
 def publish(message: dict[str, Any]) -> None:
@@ -155,28 +163,6 @@ def figure_settings(shell: Any) -> dict[str, Any]:
     }
 
 
-#: matplotlib's ``STYLE_BLACKLIST``: settings of the process, not of a figure's style.
-_NOT_STYLE = frozenset(
-    {
-        "backend",
-        "backend_fallback",
-        "date.epoch",
-        "docstring.hardcopy",
-        "figure.max_open_warning",
-        "figure.raise_window",
-        "interactive",
-        "savefig.directory",
-        "timezone",
-        "tk.window_focus",
-        "toolbar",
-        "webagg.address",
-        "webagg.open_in_browser",
-        "webagg.port",
-        "webagg.port_retries",
-    }
-)
-
-
 def kernel_style() -> dict[str, Any] | None:
     """The notebook's own matplotlib style: the ``rcParams`` that differ from matplotlib's
     defaults (``plt.style.use``, ``rcParams[...] =``, ``sns.set()`` in a notebook cell), or
@@ -189,7 +175,7 @@ def kernel_style() -> dict[str, Any] | None:
         return None
     style = {}
     for key in params:
-        if key in _NOT_STYLE:
+        if key in NOT_STYLE:
             continue
         value = params[key]
         try:
@@ -199,6 +185,36 @@ def kernel_style() -> dict[str, Any] | None:
         if not same:
             style[key] = value
     return style
+
+
+#: Style settings remote cells changed while the kernel had no matplotlib (oldest first).
+_pending_styles: list[bytes] = []
+
+
+def take_style(changes: bytes | None) -> None:
+    """The matplotlib settings a remote cell changed (``_cell_figures.style_changes``) are
+    the newest: the kernel's own figures draw with them too, as if the cell had run here. A
+    kernel that has not imported matplotlib takes them once it has (``None``: only that)."""
+    if changes:
+        _pending_styles.append(changes)
+    params = getattr(sys.modules.get("matplotlib"), "rcParams", None)
+    if params is None or not _pending_styles:
+        return
+    import pickle
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while _pending_styles:
+            try:
+                settings = pickle.loads(_pending_styles.pop(0))
+            except Exception:  # made by another matplotlib: the kernel keeps its own
+                continue
+            for key, value in settings.items():
+                try:  # noqa: SIM105 - one this matplotlib refuses is passed over
+                    params[key] = value
+                except (KeyError, ValueError, TypeError):
+                    pass
 
 
 @contextmanager

@@ -54,7 +54,7 @@ from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, prepare, stateful
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
-from ._remote_stream import cell_streams, figure_settings, kernel_style, publish
+from ._remote_stream import cell_streams, figure_settings, kernel_style, publish, take_style
 from ._remote_values import explain, load_all
 
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
@@ -428,6 +428,9 @@ class RemoteCellMagics(Magics):
         files: dict[str, str],
     ) -> Any:
         shell: Any = self.shell
+        if result.get("style"):  # the settings the cell changed are the newest
+            take_style(result["style"])
+            space.style_sent = kernel_style()  # its worker has them
         drawn = [n for n in code.receivers if stateful(shell.user_ns.get(n))]
         changed = list(dict.fromkeys(result["changed"] + code.changes + drawn))
         error = result["error"]

@@ -156,3 +156,26 @@ def test_the_kernels_figure_formats(shell: InteractiveShell) -> None:
         shell.run_cell("%config InlineBackend.figure_formats = ['png']")
     assert mimes(shown) == [["image/png", "image/svg+xml", "text/plain"]]
     assert shown[0][1]["image/svg+xml"].lstrip().startswith("<?xml")
+
+
+def test_a_style_a_remote_cell_sets_is_the_notebooks_too(shell: InteractiveShell) -> None:
+    """handbook.py (04.11, mixed): ``plt.rc('axes', ...)`` in a remote cell, then the
+    notebook's own figures drew without it. The settings a remote cell changes are the
+    newest (a ``plt.style.context`` block changes none); the next remote cell keeps them."""
+    import matplotlib
+
+    try:
+        outputs(shell, "import matplotlib")
+        outputs(
+            shell,
+            "%%remote\nimport matplotlib.pyplot as plt\n"
+            "plt.rc('axes', facecolor='#E6E6E6', grid=True)\n"
+            "with plt.style.context('dark_background'):\n    pass",
+        )
+        assert matplotlib.rcParams["axes.facecolor"] == "#E6E6E6"
+        assert matplotlib.rcParams["axes.grid"] is True
+        assert matplotlib.rcParams["figure.facecolor"] == "white"  # the block's, undone
+        result, _ = outputs(shell, "%%remote\nplt.rcParams['axes.facecolor']")
+        assert result.result.data["text/plain"] == "'#E6E6E6'"
+    finally:
+        matplotlib.rc_file_defaults()
