@@ -97,6 +97,9 @@ class CellCode:
     changes: list[str] = field(default_factory=list)
     receivers: list[str] = field(default_factory=list)  # of its method calls
     quiet: bool = False
+    #: Of ``reads``, those read before the cell binds them (``local_reads``): the others
+    #: are sent if they can be (a branch may read the notebook's), not missed if not.
+    needed: list[str] = field(default_factory=list)
 
 
 def names_read(tree: ast.AST) -> list[str]:
@@ -371,4 +374,5 @@ def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
         changes=names_changed(tree),
         receivers=method_receivers(tree),
         quiet=quiet(body),
+        needed=local_reads(body),
     )

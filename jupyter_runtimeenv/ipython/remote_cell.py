@@ -389,6 +389,8 @@ class RemoteCellMagics(Magics):
             names = space.to_send(candidates, namespace)
         inputs = _cell_values.dump({name: namespace[name] for name in names})
         for name, problem in inputs["problems"].items():
+            if args.inputs is None and name not in code.needed:
+                continue  # the cell binds it before it reads it: G = (...) of a generator
             hint = "" if args.inputs is not None else " (--in a,b chooses what is sent)"
             raise UsageError(
                 f"remote: the variable {name!r} ({type(namespace[name]).__name__}) cannot be"

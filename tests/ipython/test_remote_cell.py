@@ -67,6 +67,23 @@ def test_an_unpicklable_value_shows_as_it_would_locally(shell: InteractiveShell)
     assert repr(result.result).startswith("<unlocked _thread.lock object")
 
 
+def test_a_value_the_cell_binds_before_reading_it_need_not_cross(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whirlwind 12 (mixed): ``G = (n ** 2 for n in ...)`` in a notebook cell, then a
+    remote cell that makes its own ``G`` before it reads it was refused (the notebook's
+    generator cannot be pickled); one that reads the notebook's is still told so."""
+    run(shell, "squares = (n ** 2 for n in range(3))")
+    capsys.readouterr()
+    result = run(shell, "%%remote\nsquares = (n ** 2 for n in range(4))\nlist(squares)")
+    assert result.success, result.error_in_exec
+    assert repr(result.result) == "[0, 1, 4, 9]"
+    run(shell, "squares = (n ** 2 for n in range(3))")
+    run(shell, "%%remote\nlist(squares)")
+    line = one_error_line(capsys)
+    assert line.startswith("UsageError: remote: the variable 'squares' (generator) cannot be")
+
+
 def test_explicit_inputs_only(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     run(shell, "import threading\nlock = threading.Lock()\nsmall = 3")
     run(shell, "%%remote\nlock")
