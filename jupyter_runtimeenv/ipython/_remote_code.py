@@ -33,6 +33,7 @@ __all__ = [
     "method_receivers",
     "names_changed",
     "names_read",
+    "plain_syntax_error",
     "prepare",
     "stateful",
 ]
@@ -376,3 +377,34 @@ def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
         quiet=quiet(body),
         needed=local_reads(body),
     )
+
+
+def plain_syntax_error(shell: Any, cell: str, number: int, transform: Any) -> SyntaxError:
+    """The ``SyntaxError`` of a ``%%remote`` cell's body as a cell of its own: the line
+    numbers and file name (``Cell In[n], line k``, ``invalid syntax (<hash>.py, line k)``)
+    IPython gives the same code in a plain cell, not counting the ``%%remote`` line."""
+    body = transform(cell) if transform is not None else cell
+    compiler = getattr(shell, "compile", None)
+    name = f"<remote-cell-{number}>"
+    if compiler is not None and hasattr(compiler, "cache"):
+        name = str(compiler.cache(body, number, raw_code=_raw_body(shell, cell, number)))
+    try:
+        ast.parse(body, name)
+    except SyntaxError as exc:
+        return exc
+    return SyntaxError(f"invalid syntax ({name})")  # only "\n" + body fails: not seen
+
+
+def _raw_body(shell: Any, cell: str, number: int) -> str:
+    """The body as the user typed it (ipykernel names a cell's file by a hash of it): the
+    raw cell's lines after the ``%%remote`` line, from the history; IPython gave the magic
+    the body with a newline added."""
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    try:
+        raw = str(history[number])  # type: ignore[index]
+    except (TypeError, IndexError):
+        raw = ""
+    first, newline, rest = raw.partition("\n")
+    if first.lstrip().startswith("%%remote") and newline and cell.startswith(rest):
+        return rest
+    return cell[:-1] if cell.endswith("\n") else cell

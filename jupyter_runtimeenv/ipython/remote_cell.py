@@ -24,7 +24,6 @@ namespace with it (said in the message).
 
 from __future__ import annotations
 
-import ast
 import builtins
 import concurrent.futures
 import json
@@ -51,7 +50,7 @@ from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
 from . import _cell_display, _cell_figures, _cell_magics, _cell_runner, _cell_values
 from ._magic_args import argument, magic_arguments, parse_argstring
-from ._remote_code import CellCode, CodeError, names_read, prepare, stateful
+from ._remote_code import CellCode, CodeError, names_read, plain_syntax_error, prepare, stateful
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
 from ._remote_stream import cell_streams, figure_settings, kernel_style, publish, take_style
@@ -162,7 +161,9 @@ class RemoteCellMagics(Magics):
             code = prepare(cell, filename, transform)
         except SyntaxError:
             # As the body alone in a cell shows it: its own line numbers and file name.
-            raise self._syntax_error(cell, number, transform).with_traceback(None) from None
+            raise plain_syntax_error(self.shell, cell, number, transform).with_traceback(
+                None
+            ) from None
         except CodeError as exc:
             raise UsageError(f"remote: {exc}") from None
         space, spec = self._namespace(args)
@@ -281,35 +282,6 @@ class RemoteCellMagics(Magics):
         if compiler is not None and hasattr(compiler, "cache"):
             return str(compiler.cache(source, number, raw_code=f"%%remote\n{source}"))
         return f"<remote-cell-{number}>"
-
-    def _syntax_error(self, cell: str, number: int, transform: Any) -> SyntaxError:
-        """The ``SyntaxError`` of the body as a cell of its own: the line numbers and file
-        name (``Cell In[n], line k``, ``invalid syntax (<hash>.py, line k)``) IPython gives
-        the same code in a plain cell, not counting the ``%%remote`` line."""
-        body = transform(cell) if transform is not None else cell
-        compiler = getattr(self.shell, "compile", None)
-        name = f"<remote-cell-{number}>"
-        if compiler is not None and hasattr(compiler, "cache"):
-            name = str(compiler.cache(body, number, raw_code=self._raw_body(cell, number)))
-        try:
-            ast.parse(body, name)
-        except SyntaxError as exc:
-            return exc
-        return SyntaxError(f"invalid syntax ({name})")  # only "\n" + body fails: not seen
-
-    def _raw_body(self, cell: str, number: int) -> str:
-        """The body as the user typed it (ipykernel names a cell's file by a hash of it):
-        the raw cell's lines after the ``%%remote`` line, from the history; IPython gave
-        the magic the body with a newline added."""
-        history = getattr(getattr(self.shell, "history_manager", None), "input_hist_raw", None)
-        try:
-            raw = str(history[number])  # type: ignore[index]
-        except (TypeError, IndexError):
-            raw = ""
-        first, newline, rest = raw.partition("\n")
-        if first.lstrip().startswith("%%remote") and newline and cell.startswith(rest):
-            return rest
-        return cell[:-1] if cell.endswith("\n") else cell
 
     def _namespace(self, args: Any) -> tuple[RemoteNamespace, RuntimeEnvSpec]:
         """The env's spec and remote namespace; a namespace replaced because the env changed
