@@ -236,8 +236,7 @@ def _system(command: str) -> int:
             [shell, "-c", command],
             stdin=slave,
             stdout=slave,
-            stderr=slave,
-            start_new_session=True,
+            stderr=slave,  # in the worker's process group: it goes with the worker
         )
     except BaseException:
         os.close(master)

@@ -322,6 +322,18 @@ def test_magics_run_in_the_worker(
     assert shown(run(shell, "%%remote\n%matplotlib inline\nimport os\n%pwd")) != ""
 
 
+def test_what_a_shell_command_started_goes_with_the_cells_worker(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``!cmd`` runs in a pseudo-terminal but in the worker's process group: a ``--timeout``
+    (which kills the worker and its group) ends what the command started too."""
+    capsys.readouterr()
+    run(shell, "%%remote --timeout 10\n!sleep 120 & echo started $!; wait")
+    found = re.search(r"started (\d+)", capsys.readouterr().out)
+    assert found is not None
+    assert wait_gone([int(found.group(1))]) == []
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
