@@ -67,10 +67,15 @@ class JupyterProcess:
         env: Mapping[str, str],
         args: Sequence[str] = (),
         startup_timeout: float = 90,
+        port: int | None = None,
+        token: str | None = None,
     ) -> None:
+        """``port`` and ``token``: those of a server that stopped, to start it again where
+        its pages look for it (else a free port and a new token)."""
         self.root = root
         self.log_path = log
-        self.token = secrets.token_hex(16)
+        self.token = token or secrets.token_hex(16)
+        self._port = port
         self.log = log.open("wb")
         self.proc: subprocess.Popen[bytes] | None = None
         try:
@@ -79,7 +84,7 @@ class JupyterProcess:
                 if self._wait_until_up(startup_timeout):
                     return
                 text = log.read_text(errors="replace")
-                if ADDRESS_IN_USE not in text or attempt + 1 == PORT_TRIES:
+                if ADDRESS_IN_USE not in text or attempt + 1 == PORT_TRIES or port:
                     raise RuntimeError(f"{module} did not start:\n{text}")
                 # free_port's port was taken before the server bound it (a kernel's ZMQ
                 # socket, another test's server): it exited; start again on another port.
@@ -90,7 +95,7 @@ class JupyterProcess:
             raise
 
     def _start(self, module: str, root: Path, env: Mapping[str, str], args: Sequence[str]) -> None:
-        self.port = free_port()
+        self.port = self._port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         argv = [
             sys.executable, "-m", module, "--no-browser", "--allow-root", "--ip=127.0.0.1",

@@ -29,6 +29,10 @@ import {
 import type { IEntry } from './groups';
 import type { IEnv, IEnvWorker } from './model';
 
+/** True while the server does not answer: the rows are what it said last (``was busy``),
+ * shown greyed with their buttons disabled (the panel's ``fieldset``). */
+export const StaleContext = React.createContext(false);
+
 /** What a card can ask of the panel. */
 export interface ICardActions {
   viewLog(envId: string): void;
@@ -138,6 +142,7 @@ export function WorkerRow(props: {
   where?: string;
 }): JSX.Element {
   const { worker, now } = props;
+  const stale = React.useContext(StaleContext);
   const task = worker.busy && worker.task ? worker.task : null;
   const failed = worker.tasks_failed ? ` · ${worker.tasks_failed} failed` : '';
   return (
@@ -147,7 +152,9 @@ export function WorkerRow(props: {
           <span className="jp-RuntimeEnv-workerWho">pid {worker.pid}</span>
           <span
             className={`jp-RuntimeEnv-workerState ${worker.busy ? 'jp-mod-busy' : 'jp-mod-idle'}`}
+            title={stale ? 'at the server’s last report: it does not answer now' : undefined}
           >
+            {stale && 'was '}
             {worker.busy ? 'busy' : 'idle'}
           </span>
           {task && (

@@ -204,6 +204,10 @@ export class RuntimeEnvModel {
   connected = false;
   error: string | null = null;
   loaded = false;
+  /** Since when (epoch seconds) the server does not answer at all (a request failed without
+   * an HTTP status: stopped, restarting, the network down); ``null`` while it answers. What
+   * the model holds then is what the server said last, not what runs now. */
+  unreachableSince: number | null = null;
 
   constructor(options: IModelOptions) {
     this._transport = options.transport;
@@ -247,11 +251,15 @@ export class RuntimeEnvModel {
       }
       this.applyOverview(overview);
       this.error = null;
+      this.unreachableSince = null;
     } catch (reason) {
       if (ticket !== this._refreshes) {
         return;
       }
       this.error = `cannot reach the server's runtime env agent: ${message(reason)}`;
+      if (!answered(reason)) {
+        this.unreachableSince ??= Date.now() / 1000;
+      }
     }
     this.loaded = true;
     this.changed.emit();
@@ -289,6 +297,9 @@ export class RuntimeEnvModel {
       this._stopPolling();
       void this.refresh(); // whatever happened while the stream was down
     } else {
+      // Ask now: when the server itself went away, the panel says so at once rather than
+      // showing its last rows as live until the first poll.
+      void this.refresh();
       this._schedulePoll();
     }
     this.changed.emit();
@@ -538,6 +549,11 @@ export class RuntimeEnvModel {
   private _refreshTimer: unknown = null;
   private _pollTimer: unknown = null;
   private _disposed = false;
+}
+
+/** Did the server answer (an HTTP status: ``RequestError``), rather than not at all? */
+function answered(reason: unknown): boolean {
+  return typeof (reason as { status?: unknown } | null)?.status === 'number';
 }
 
 function message(reason: unknown): string {

@@ -22,7 +22,7 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { ActionButton, EnvCard, ICardActions } from './card';
+import { ActionButton, EnvCard, ICardActions, StaleContext } from './card';
 import { ClusterSection, IClusterActions } from './cluster';
 import { ClusterKernelsView } from './clusterKernelsView';
 import {
@@ -387,26 +387,41 @@ export function PanelView(props: { options: IPanelOptions }): JSX.Element {
   const building = Array.from(model.envs.values()).some(
     e => e.state === 'BUILDING' || e.state === 'PENDING'
   );
-  const now = useNow(busy || building ? 1000 : 15000);
+  const ticking = useNow(busy || building ? 1000 : 15000);
+  const since = model.unreachableSince;
+  const stale = since !== null;
+  // While the server does not answer, its last rows stay still: no task's time counts up.
+  const now = since ?? ticking;
   const empty = !model.envs.size && !model.kernels.size;
+  const live = stale
+    ? {
+        label: 'offline',
+        mod: 'jp-mod-offline',
+        title: `The server does not answer since ${clock(since)}: asking it every ${model.pollInterval} s`
+      }
+    : model.connected
+      ? { label: 'live', mod: 'jp-mod-live', title: 'Following the server live' }
+      : {
+          label: 'polling',
+          mod: 'jp-mod-polling',
+          title: `The event stream is down: asking the server every ${model.pollInterval} s`
+        };
   return (
     <div className="jp-RuntimeEnv-root">
       <div className="jp-RuntimeEnv-header">
         <span className="jp-RuntimeEnv-title">Environments</span>
-        <span
-          className={`jp-RuntimeEnv-live ${model.connected ? 'jp-mod-live' : 'jp-mod-polling'}`}
-          title={
-            model.connected
-              ? 'Following the server live'
-              : `The event stream is down: asking the server every ${model.pollInterval} s`
-          }
-        >
-          {model.connected ? 'live' : 'polling'}
+        <span className={`jp-RuntimeEnv-live ${live.mod}`} title={live.title}>
+          {live.label}
         </span>
         <ActionButton
           label="GC"
           className="jp-RuntimeEnv-gc"
-          title="Remove every environment nobody holds (you see the list and their sizes first)"
+          title={
+            stale
+              ? 'The server does not answer'
+              : 'Remove every environment nobody holds (you see the list and their sizes first)'
+          }
+          disabled={stale}
           onClick={() => void actions.gc()}
         />
         <ActionButton
@@ -417,7 +432,15 @@ export function PanelView(props: { options: IPanelOptions }): JSX.Element {
           onClick={() => void model.refresh()}
         />
       </div>
-      {model.error && <div className="jp-RuntimeEnv-notice jp-mod-error">{model.error}</div>}
+      {stale ? (
+        <div className="jp-RuntimeEnv-notice jp-mod-error jp-RuntimeEnv-unreachable">
+          The Jupyter server does not answer since {clock(since)} (stopped or restarting?).
+          Below is what it said last, not what runs now; this panel follows it again when it is
+          back.
+        </div>
+      ) : (
+        model.error && <div className="jp-RuntimeEnv-notice jp-mod-error">{model.error}</div>
+      )}
       <ClusterKernelsView
         kernels={model.clusterKernels.list()}
         label={props.options.kernelLabel ?? (id => `kernel ${id.slice(0, 8)}`)}
@@ -427,7 +450,13 @@ export function PanelView(props: { options: IPanelOptions }): JSX.Element {
           }
         }}
       />
-      <div className="jp-RuntimeEnv-list">
+      <StaleContext.Provider value={stale}>
+      {/* A disabled fieldset disables every button in it: nothing to act on while the
+          server is away. */}
+      <fieldset
+        className={`jp-RuntimeEnv-list${stale ? ' jp-mod-stale' : ''}`}
+        disabled={stale}
+      >
         {empty ? (
           <div className="jp-RuntimeEnv-empty">
             {model.loaded
@@ -448,9 +477,15 @@ export function PanelView(props: { options: IPanelOptions }): JSX.Element {
             />
           ))
         )}
-      </div>
+      </fieldset>
+      </StaleContext.Provider>
     </div>
   );
+}
+
+/** ``14:02:09``: the local time of epoch seconds ``at``. */
+function clock(at: number): string {
+  return new Date(at * 1000).toLocaleTimeString([], { hour12: false });
 }
 
 export class RuntimeEnvPanel extends ReactWidget {

@@ -185,6 +185,36 @@ describe('RuntimeEnvModel', () => {
     expect(model.error).toMatch(/cannot reach.*connection refused/);
   });
 
+  it('marks what it holds as the last word of a server that does not answer', async () => {
+    const { model, transport } = setup('READY');
+    await model.start();
+    transport.onState(true);
+    expect(model.unreachableSince).toBeNull();
+    transport.failing = true; // the server stopped: the stream closes, requests fail
+    transport.requests = [];
+    transport.onState(false);
+    expect(transport.requests.map(r => r[1])).toEqual(['overview']); // asked at once
+    await new Promise(r => setTimeout(r, 0));
+    const since = model.unreachableSince;
+    expect(since).toBeGreaterThan(0);
+    expect(model.envs.get(ID)?.state).toBe('READY'); // kept, as its last word
+    await model.refresh();
+    expect(model.unreachableSince).toBe(since); // since the first failure
+    transport.failing = false;
+    await model.refresh();
+    expect(model.unreachableSince).toBeNull();
+  });
+
+  it('does not call a server that answers with an error unreachable', async () => {
+    const { model, transport } = setup('READY');
+    transport.request = async () => {
+      throw Object.assign(new Error('Internal Server Error'), { status: 500 });
+    };
+    await model.start();
+    expect(model.error).toMatch(/Internal Server Error/);
+    expect(model.unreachableSince).toBeNull();
+  });
+
   it('shows workers under their env, and forgets a kernel that is gone', async () => {
     const { model, transport } = setup('READY');
     await model.start();

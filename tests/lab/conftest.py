@@ -17,8 +17,8 @@ def lab_factory(tmp_path: Path) -> Iterator[Callable[..., Lab]]:
         pytest.skip(f"the JupyterLab extension is not built/linked ({BUILT}): run ./dev")
     started: list[Lab] = []
 
-    def start(*extra: str) -> Lab:
-        server = Lab(tmp_path, *extra)
+    def start(*extra: str, restart_of: Lab | None = None) -> Lab:
+        server = Lab(tmp_path, *extra, restart_of=restart_of)
         started.append(server)
         return server
 

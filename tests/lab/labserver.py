@@ -52,9 +52,11 @@ def needs_browser() -> list[pytest.MarkDecorator]:
 
 class Lab(JupyterProcess):
     """A ``jupyter lab`` subprocess serving ``tmp/root`` and REST calls to it. A second
-    ``Lab`` on the same ``tmp`` is the same server restarted: same root, cache, settings."""
+    ``Lab`` on the same ``tmp`` is the same server restarted: same root, cache, settings;
+    with ``restart_of`` (a stopped ``Lab``) on its port with its token too, so the pages
+    open on it reconnect."""
 
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, *extra: str, restart_of: Lab | None = None) -> None:
         root = tmp / "root"
         root.mkdir(exist_ok=True)
         # No "get notified about Jupyter news?" toast over the screenshots.
@@ -88,6 +90,8 @@ class Lab(JupyterProcess):
                 f"--RuntimeEnvExtension.allowed_plugins={SCRIPT}",
                 *extra,
             ],
+            port=restart_of.port if restart_of else None,
+            token=restart_of.token if restart_of else None,
         )
 
 
