@@ -16,6 +16,9 @@
  * kernel that would send it is gone) and would say BUILDING for ever: its display's metadata
  * names the env it builds (``{"jupyter_runtimeenv": {"build": env_id}}``), and when the
  * notebook's kernel restarts we replace it by one line with the env's state in the server.
+ * The same when a notebook saved with a live build widget opens on a kernel that never had
+ * it (its kernel was shut down, the server restarted): the kernel's widget comms do not
+ * hold its model, and the page would say "model not found".
  */
 import type { NotebookPanel } from '@jupyterlab/notebook';
 
@@ -106,20 +109,29 @@ function escapeHtml(text: string): string {
   return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
 }
 
+/** How the kernel that showed a build widget went: ``restarted`` (it restarted or died under
+ * the open notebook) or ``gone`` (the notebook opened on another kernel). */
+export type KernelEnd = 'restarted' | 'gone';
+
 /** What replaces a live build widget whose kernel restarted: its env's ``state`` in the
  * server then (``null``: the server does not know it), said so that it stays true. */
-export function orphanedBuild(envId: string, state: string | null): IStaticOutput {
+export function orphanedBuild(
+  envId: string,
+  state: string | null,
+  end: KernelEnd = 'restarted'
+): IStaticOutput {
   const id = envId.slice(0, 12);
+  const kernel = end === 'restarted' ? 'the kernel restarted' : 'the kernel that showed it stopped';
   let head: string;
   let why: string;
   if (state === 'READY' || state === 'FAILED') {
     head = `${state} in the server`;
-    why = 'the kernel restarted before this cell saw it end: run the cell again';
+    why = `${kernel} before this cell saw it end: run the cell again`;
   } else if (state === 'BUILDING' || state === 'PENDING') {
-    head = 'the kernel restarted while it was building';
+    head = `${kernel} while it was building`;
     why = 'the build goes on in the server, the sidebar follows it: run the cell again to use it';
   } else {
-    head = 'the kernel restarted before its build ended';
+    head = `${kernel} before its build ended`;
     why = 'run the cell again';
   }
   return {
@@ -135,17 +147,31 @@ export function orphanedBuild(envId: string, state: string | null): IStaticOutpu
   };
 }
 
-/** Replace every live build widget of ``panel`` by its env's state in the server (its
- * kernel restarted or died); how many were replaced. */
+/** The widget model id an output shows, else ``null``. */
+function modelOf(output: { data: Record<string, unknown> }): string | null {
+  const view = output.data[WIDGET_MIME] as { model_id?: unknown } | undefined;
+  return view && typeof view.model_id === 'string' ? view.model_id : null;
+}
+
+/** Replace every live build widget of ``panel`` (with ``orphaned``: those whose model it
+ * holds) by its env's state in the server (its kernel restarted or died, or the notebook
+ * opened on another kernel: ``end``); how many were replaced. */
 export async function replaceOrphanedBuilds(
   panel: NotebookPanel,
-  transport: ITransport
+  transport: ITransport,
+  orphaned: (modelId: string) => boolean = () => true,
+  end: KernelEnd = 'restarted'
 ): Promise<number> {
   const lists = codeOutputs(panel);
+  const live = (output: { data: Record<string, unknown>; metadata?: Record<string, unknown> }) => {
+    const envId = liveBuild(output);
+    const model = modelOf(output);
+    return envId && model && orphaned(model) ? envId : null;
+  };
   const envIds = new Set<string>();
   for (const outputs of lists) {
     for (let i = 0; i < outputs.length; i++) {
-      const envId = liveBuild(outputs.get(i));
+      const envId = live(outputs.get(i));
       if (envId) {
         envIds.add(envId);
       }
@@ -166,14 +192,39 @@ export async function replaceOrphanedBuilds(
   let swapped = 0;
   for (const outputs of lists) {
     for (let i = 0; i < outputs.length; i++) {
-      const envId = liveBuild(outputs.get(i));
+      const envId = live(outputs.get(i));
       if (envId && states.has(envId)) {
-        outputs.set(i, orphanedBuild(envId, states.get(envId) ?? null));
+        outputs.set(i, orphanedBuild(envId, states.get(envId) ?? null, end));
         swapped += 1;
       }
     }
   }
   return swapped;
+}
+
+/** The widget models ``panel``'s kernel holds (its ``jupyter.widget`` comms), or ``null``
+ * when it cannot say (no kernel, an error). */
+async function kernelModels(panel: NotebookPanel): Promise<Set<string> | null> {
+  const kernel = panel.sessionContext.session?.kernel;
+  if (!kernel) {
+    return null;
+  }
+  const reply = await kernel.requestCommInfo({ target_name: 'jupyter.widget' });
+  const content = reply.content as { status: string; comms?: Record<string, unknown> };
+  return content.status === 'ok' && content.comms ? new Set(Object.keys(content.comms)) : null;
+}
+
+/** Replace the live build widgets of ``panel`` that its kernel never had (a notebook saved
+ * mid-build, opened on a new kernel); how many were replaced. */
+export async function replaceForeignBuilds(
+  panel: NotebookPanel,
+  transport: ITransport
+): Promise<number> {
+  const held = await kernelModels(panel);
+  if (!held) {
+    return 0;
+  }
+  return replaceOrphanedBuilds(panel, transport, model => !held.has(model), 'gone');
 }
 
 /** The Python expression asking the kernel for the static forms of ``ids``. */
@@ -233,12 +284,15 @@ export async function fetchFinals(panel: NotebookPanel): Promise<number> {
 
 /** Follow ``panel``'s kernel: apply final updates to outputs of any cell, fetch the finals
  * of widgets that ended while no view of this notebook listened, and replace the build
- * widgets a restarted (or dead) kernel left live. */
+ * widgets a restarted (or dead) kernel left live, and those its kernel never had. */
 export function followFinalUpdates(panel: NotebookPanel, transport: ITransport): void {
+  // Finals first: a widget the kernel holds and that ended gets its own static form; then
+  // a build widget the kernel never had gets the env's state in the server.
   const fetch = () =>
-    void fetchFinals(panel).catch(reason =>
-      console.debug('jupyter-runtimeenv: no final widget outputs', reason)
-    );
+    void fetchFinals(panel)
+      .catch(reason => console.debug('jupyter-runtimeenv: no final widget outputs', reason))
+      .then(() => replaceForeignBuilds(panel, transport))
+      .catch(reason => console.debug('jupyter-runtimeenv: build widgets not replaced', reason));
   void panel.sessionContext.ready.then(fetch);
   panel.sessionContext.kernelChanged.connect(fetch);
   panel.sessionContext.statusChanged.connect((_, status) => {

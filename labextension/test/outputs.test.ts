@@ -111,4 +111,14 @@ describe('build widgets a restarted kernel left live', () => {
     );
     expect(String(orphanedBuild('<b>', 'FAILED').data['text/html'])).toContain('&#60;b&#62;');
   });
+  it('says so when the notebook opened on a kernel that never had the widget', () => {
+    const id = 'cd'.repeat(32);
+    expect(orphanedBuild(id, null, 'gone').data['text/plain']).toBe(
+      'runtime env cdcdcdcdcdcd — the kernel that showed it stopped before its build ended' +
+        ' (run the cell again)'
+    );
+    expect(orphanedBuild(id, 'READY', 'gone').data['text/plain']).toContain(
+      'READY in the server (the kernel that showed it stopped before this cell saw it end'
+    );
+  });
 });

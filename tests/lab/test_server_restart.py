@@ -5,15 +5,20 @@ While the server is down the sidebar says it does not answer and since when, sho
 rows greyed as what the server said last (``was busy``, a task's time no longer counting)
 with their buttons disabled, never as live rows; when it is back the panel follows it again
 (the kernel and its workers died with the old server: the env is in the cache), and the
-notebook's cell runs again on a new kernel. Screenshots: ``tests/lab/screenshots/restart-*``.
+notebook's cell runs again on a new kernel. A notebook saved while its build widget was live
+(the server stopped mid-build) opens after the restart with one line saying what became of
+that build, not "model not found". Screenshots: ``tests/lab/screenshots/restart-*``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
 from labserver import Lab, Page, needs_browser, notebook
+
+from tests.server.plugins import SCRIPT
 
 pytestmark = needs_browser()
 
@@ -93,4 +98,42 @@ def test_the_sidebar_says_the_server_does_not_answer_and_follows_it_when_back(
         1, timeout=30_000
     )
     view.shot("03-ran-again")
+    assert not view.own_errors(), view.own_errors()
+
+
+@pytest.mark.parametrize("app", ["lab", "notebook7"])
+def test_a_build_widget_saved_mid_build_says_what_became_of_it_after_a_restart(
+    app: str, lab_factory: Callable[..., Lab], new_page: Callable[[str], Page]
+) -> None:
+    from playwright.sync_api import expect
+
+    lab = lab_factory()
+    slow = {"plugins": {SCRIPT: {"name": "slow", "lines": 600, "sleep": 0.1}}}
+    cells = ["%load_ext jupyter_runtimeenv", f"%%runtime_env\n{json.dumps(slow)}"]
+    (lab.root / "demo.ipynb").write_text(notebook(cells))
+    view = new_page(f"restart-saved-{app}")
+    page = view.page
+    view.open_in(app, lab, "demo.ipynb")
+    view.command("notebook:run-all-cells", wait=False)
+    outputs = page.locator(".jp-OutputArea-output")
+    expect(outputs.filter(has_text="script line 3")).to_have_count(1, timeout=120_000)
+    view.command("docmanager:save")
+    (env,) = lab.api("GET", "envs")["envs"]
+    saved = json.loads((lab.root / "demo.ipynb").read_text())["cells"][1]["outputs"]
+    assert "application/vnd.jupyter.widget-view+json" in saved[0]["data"]  # saved live
+    page.close()
+    lab.stop()  # the build is cancelled with the server
+
+    again = lab_factory(restart_of=lab)
+    view = new_page(f"restart-saved-{app}-reopened")
+    page = view.page
+    view.open_in(app, again, "demo.ipynb")
+    cell = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea")
+    expect(cell).to_have_text(
+        f"runtime env {env['env_id'][:12]} — the kernel that showed it stopped before its"
+        " build ended (run the cell again)",
+        timeout=60_000,
+    )
+    expect(page.locator(".jp-Notebook")).not_to_contain_text("model not found")
+    view.shot("01-reopened")
     assert not view.own_errors(), view.own_errors()
