@@ -244,11 +244,13 @@ class UnreferencedHandler(PanelHandler):
     @authorized
     @_handles_done
     async def get(self) -> None:
-        """Envs nobody holds (READY or FAILED; building ones are held by their build), each
-        with the bytes its removal frees (resources no held env uses), and the total."""
+        """Envs nobody holds (READY or FAILED), each with the bytes its removal frees
+        (resources no held env uses), and the total; how many stay: ``held``, and
+        ``building`` (nobody holds them but their build runs)."""
         agent = await self.agent()
         envs, _total = await agent.summaries()
         unheld = [e for e in envs if not e.get("holders") and e["state"] in _GC_STATES]
+        building = [e for e in envs if not e.get("holders") and e["state"] not in _GC_STATES]
         held = {e["env_id"] for e in envs if e.get("holders")}
         freed = await asyncio.to_thread(
             _freed_bytes, agent.cache, [e["env_id"] for e in unheld], held
@@ -263,7 +265,9 @@ class UnreferencedHandler(PanelHandler):
             }
             for e in sorted(unheld, key=lambda e: e.get("last_used") or 0)
         ]
-        await self.reply({"envs": out, "bytes": freed["total"], "held": len(held)})
+        await self.reply(
+            {"envs": out, "bytes": freed["total"], "held": len(held), "building": len(building)}
+        )
 
     @web.authenticated
     @authorized

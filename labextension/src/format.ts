@@ -219,3 +219,16 @@ function scalar(value: unknown): string {
   }
   return JSON.stringify(value);
 }
+
+/** The envs GC leaves, said whole: ``1 held environment``, ``2 held and 1 building
+ * environments``; '' for none. */
+export function gcKept(held: number, building = 0): string {
+  const parts = [held ? `${held} held` : '', building ? `${building} building` : ''];
+  const total = held + building;
+  return total ? `${parts.filter(Boolean).join(' and ')} environment${total === 1 ? '' : 's'}` : '';
+}
+
+/** ``stays`` or ``stay`` after ``gcKept``. */
+export function gcStay(held: number, building = 0): string {
+  return held + building === 1 ? 'stays' : 'stay';
+}

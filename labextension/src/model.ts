@@ -130,6 +130,8 @@ export interface IGcPlan {
   }>;
   bytes: number;
   held: number;
+  /** Envs nobody holds whose build runs: GC leaves them (absent from older servers). */
+  building?: number;
 }
 
 export interface IGcResult {

@@ -29,6 +29,8 @@ import {
   failedStep,
   firstLine,
   formatBytes,
+  gcKept,
+  gcStay,
   portableSpec,
   specBrief,
   specToYaml
@@ -217,8 +219,8 @@ class Actions implements ICardActions {
     }
     if (!plan.envs.length) {
       Notification.info(
-        plan.held
-          ? `Nothing to collect: all ${plan.held} environments are held`
+        plan.held || plan.building
+          ? `Nothing to collect: ${gcKept(plan.held, plan.building)} ${gcStay(plan.held, plan.building)}`
           : 'Nothing to collect: the cache is empty',
         { autoClose: 5000 }
       );
@@ -246,7 +248,9 @@ class Actions implements ICardActions {
           </ul>
           <p>
             {plan.envs.length} environment{plan.envs.length === 1 ? '' : 's'},{' '}
-            {formatBytes(plan.bytes)} freed.{plan.held ? ` ${plan.held} held ones stay.` : ''}
+            {formatBytes(plan.bytes)} freed.{plan.held || plan.building
+              ? ` ${gcKept(plan.held, plan.building)} ${gcStay(plan.held, plan.building)}.`
+              : ''}
           </p>
         </div>
       );

@@ -5,6 +5,8 @@ import {
   formatAge,
   formatBytes,
   formatDuration,
+  gcKept,
+  gcStay,
   portableSpec,
   requirement,
   requirementName,
@@ -372,5 +374,15 @@ describe('formatting', () => {
     expect(specToYaml({ pip: ['>=1', '-e x', 'a: b'] })).toBe(
       'pip:\n  - ">=1"\n  - "-e x"\n  - "a: b"\n'
     );
+  });
+});
+
+describe('what GC leaves', () => {
+  it('says it whole, building envs too', () => {
+    expect(gcKept(1)).toBe('1 held environment');
+    expect(`${gcKept(1)} ${gcStay(1)}`).toBe('1 held environment stays');
+    expect(`${gcKept(2, 1)} ${gcStay(2, 1)}`).toBe('2 held and 1 building environments stay');
+    expect(gcKept(0, 1)).toBe('1 building environment');
+    expect(gcKept(0, 0)).toBe('');
   });
 });

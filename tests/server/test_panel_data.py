@@ -62,6 +62,18 @@ async def test_gc_lists_every_unheld_env_with_its_bytes_then_removes_them(
     assert (code, body["message"]) == (400, "env_ids: expected a list of env ids")
 
 
+async def test_gc_says_how_many_unheld_envs_stay_because_they_are_building(
+    jp_fetch: Any,
+) -> None:
+    """An env released while it builds is held by nobody yet not collected: the plan counts
+    it (the sidebar said "the cache is empty" when nothing else was there)."""
+    slow = await call(jp_fetch, "POST", "envs", body=script("slow", lines=400, sleep=0.05))
+    await call(jp_fetch, "DELETE", "envs", slow["env_id"], "holders", "user")
+    plan = await call(jp_fetch, "GET", "gc", "unreferenced")
+    assert (plan["envs"], plan["held"], plan["building"]) == ([], 0, 1)
+    await call(jp_fetch, "DELETE", "envs", slow["env_id"])  # cancels the build
+
+
 async def test_report_fields_are_checked_and_named(jp_fetch: Any) -> None:
     kernel_id = await start_kernel(jp_fetch, "python3")
     worker = {"pid": 12345, "busy": True, "tasks_done": 0, "tasks_failed": 0}
