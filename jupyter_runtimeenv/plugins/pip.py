@@ -178,6 +178,7 @@ class PipPlugin(RuntimeEnvPlugin):
         await build.to_thread(requirements.write_text, "\n".join(value["packages"]) + "\n")
         options = reqs.split_options(value["install_options"])
         constraints: list[str] = []
+        pinned_names = [line.partition("==")[0] for line in pins[0]] if pins else []
         if pins is not None:
             pinned = await build.to_thread(_write_constraints, venv, base, pins, build)
             if pinned is not None:
@@ -194,7 +195,7 @@ class PipPlugin(RuntimeEnvPlugin):
             try:
                 await build.run([*argv, *options, *constraints], env=env, cwd=venv, what=what)
             except BuildError as exc:
-                if not constraints:
+                if not constraints or not _blames(pinned_names, exc.output_tail):
                     raise
                 build.log(
                     "the kernel's versions do not fit this request"
@@ -224,14 +225,36 @@ class PipPlugin(RuntimeEnvPlugin):
 _ERROR_START = re.compile(r"^\s*(error:|ERROR:|\u00d7)")
 
 
+def _reasons(tail: Sequence[str]) -> list[str]:
+    """The installer's own account of a failure: its lines from the first error on."""
+    starts = [i for i, line in enumerate(tail) if _ERROR_START.match(line)]
+    return [line.strip() for line in tail[starts[0] :] if line.strip()] if starts else []
+
+
+def _named(names: Sequence[str], text: str) -> list[str]:
+    """The names ``text`` mentions as whole words (``alpha``, not ``alphabet``), however it
+    spells their separators (``typing_extensions`` is ``typing-extensions``)."""
+    found = []
+    for name in names:
+        spelled = r"[-_.]+".join(map(re.escape, re.split(r"[-_.]+", name)))
+        if re.search(rf"(?<![\w.-]){spelled}(?![\w-])", text, re.I):
+            found.append(name)
+    return found
+
+
+def _blames(pinned: Sequence[str], tail: Sequence[str]) -> bool:
+    """Whether installing again without the kernel's versions could help: the installer's
+    account names a package they pin, or gives none to read. A package that does not exist,
+    or a request at odds with itself, fails the same way without them (and would show the
+    same error twice)."""
+    reasons = _reasons(tail)
+    return not reasons or bool(_named(pinned, " ".join(reasons)))
+
+
 def _failure_message(installer: str, wanted: list[str], tail: Sequence[str]) -> str:
     """Name the requirements the installer complained about, with its own words."""
-    starts = [i for i, line in enumerate(tail) if _ERROR_START.match(line)]
-    reasons = [line.strip() for line in tail[starts[0] :] if line.strip()] if starts else []
-    text = " ".join(reasons)
-    named = [
-        name for name in wanted if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.I)
-    ]
+    reasons = _reasons(tail)
+    named = _named(wanted, " ".join(reasons))
     message = f"installing {', '.join(named or wanted)} failed ({installer})"
     if reasons:
         message += ": " + " ".join(reasons[:10])

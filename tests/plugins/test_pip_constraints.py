@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_runtimeenv.errors import BuildError
 from jupyter_runtimeenv.plugins._constraints import installed_versions, pins_for
 from jupyter_runtimeenv.plugins._uv import uv_bin
 from jupyter_runtimeenv.plugins.pip import venv_python, venv_site_packages
@@ -90,6 +91,23 @@ async def test_a_request_the_kernels_versions_cannot_meet_is_resolved_without_th
     log = await agent.log(ctx.env_id)
     assert "the kernel's versions do not fit this request" in log
     assert "installing again without them" in log
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+async def test_a_package_that_does_not_exist_fails_once(
+    make_agent: Agent, kernel_env: Path, installer: str
+) -> None:
+    """The kernel's versions are not what failed, so the install is not tried again without
+    them: the installer's error shows once, and the refusal names the package."""
+    agent = await make_agent()
+    request = spec(kernel_env, "alpha", "no-such-pkg-xyz", installer=installer)
+    with pytest.raises(BuildError, match="installing no-such-pkg-xyz failed") as raised:
+        await agent.get_or_create(request, "t")
+    log = await agent.log(raised.value.env_id)
+    assert "resolving against the kernel's versions" in log  # they were used ...
+    assert "installing again without them" not in log  # ... and not blamed
+    said = {"uv": "No solution found", "pip": "No matching distribution found"}[installer]
+    assert log.count(said) == 1, log
 
 
 async def test_an_isolated_env_resolves_on_its_own(
