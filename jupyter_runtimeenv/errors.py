@@ -285,6 +285,10 @@ class RemoteTaskError(RuntimeEnvError):
 
     #: The name of the class derived from this one and the cause's (``wrap``).
     _dual_name = "RemoteTaskError[{}]"
+    #: The causes ``wrap`` derives a class from: a task's ``SystemExit`` or
+    #: ``KeyboardInterrupt`` must not pass for the caller's own (``except Exception``
+    #: keeps catching it).
+    _dual_base: type[BaseException] = Exception
 
     def __init__(
         self,
@@ -315,7 +319,7 @@ class RemoteTaskError(RuntimeEnvError):
         remote_type: str = "",
     ) -> RemoteTaskError:
         """An error that is both a ``RemoteTaskError`` and, if possible, the cause's type."""
-        if isinstance(cause, Exception) and not isinstance(cause, RemoteTaskError):
+        if isinstance(cause, cls._dual_base) and not isinstance(cause, RemoteTaskError):
             dual = _dual_class(cls, type(cause))
             if dual is not None:
                 try:
@@ -359,6 +363,9 @@ class RemoteCellError(RemoteTaskError):
     (ipykernel's ``ename``/``evalue``), above the remote traceback."""
 
     _dual_name = "{}"
+    #: A cell's ``sys.exit(2)`` or ``raise KeyboardInterrupt`` too: IPython shows them as
+    #: it shows a local cell's (``SystemExit: 2`` and its "To exit" warning).
+    _dual_base = BaseException
 
     def __str__(self) -> str:
         if self.cause is None:

@@ -226,7 +226,13 @@ def test_a_cells_exception_is_caught_by_its_type(
 
 @pytest.mark.parametrize(
     "body",
-    ["{}['missing']", "int('x')", "import math\nmath.nope", "raise OSError(2, 'gone', 'f.txt')"],
+    [
+        "{}['missing']",
+        "int('x')",
+        "import math\nmath.nope",
+        "raise OSError(2, 'gone', 'f.txt')",
+        "raise KeyboardInterrupt('by the cell')",
+    ],
 )
 def test_a_cells_exception_shows_as_the_local_cells(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str
@@ -242,6 +248,24 @@ def test_a_cells_exception_shows_as_the_local_cells(
     assert isinstance(remote, type(local))
     shown = capsys.readouterr()
     assert "(raised in the worker of %%remote)" in shown.out + shown.err
+
+
+@pytest.mark.parametrize("body", ["import sys\nsys.exit(2)", "raise SystemExit('bye')", "exit()"])
+def test_a_cells_exit_shows_as_the_local_cells(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    """A cell's ``sys.exit(2)`` showed as ``RemoteCellError: 2``: IPython shows a local one as
+    ``SystemExit: 2`` with no frames and warns "To exit: use 'exit', 'quit', or Ctrl-D."."""
+    local = run(shell, body.replace("exit()", "raise SystemExit(None)")).error_in_exec
+    shown_local = capsys.readouterr()
+    remote = run(shell, "%%remote\n" + body).error_in_exec
+    shown_remote = capsys.readouterr()
+    assert isinstance(remote, SystemExit), remote
+    assert (type(remote).__name__, str(remote)) == (type(local).__name__, str(local))
+    # "An exception has occurred ...", the exception's line (no frames), then the warning
+    # (whose frames are where each cell ran).
+    assert shown_remote.out.split("\n\n")[:2] == shown_local.out.split("\n\n")[:2]
+    assert shown_remote.out.count("To exit: use") == shown_local.out.count("To exit: use") == 1
 
 
 def test_a_recarray_comes_back_as_numpys(shell: InteractiveShell) -> None:
