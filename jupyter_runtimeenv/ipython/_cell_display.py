@@ -226,7 +226,7 @@ def format_object(
     obj: Any, include: Any = None, exclude: Any = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(data, metadata)`` of ``obj`` as the kernel's ``display_formatter`` makes them."""
-    formatter = _ipython_formatter()
+    formatter = ipython_formatter()
     if formatter is not None:
         data, md = formatter.format(obj, include=include, exclude=exclude)
     else:
@@ -234,7 +234,7 @@ def format_object(
     return dict(data), dict(md)
 
 
-def _ipython_formatter() -> Any:
+def ipython_formatter() -> Any:
     current = state()
     if current["formatter"] is None:
         try:

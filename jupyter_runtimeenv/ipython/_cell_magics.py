@@ -10,6 +10,7 @@ loop``). Anything else of a shell is an ``AttributeError`` that says where the c
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import timeit as _timeit
+from collections.abc import Iterator
 from typing import Any
 
 LINE_MAGICS = frozenset({"time", "timeit", "matplotlib", "pwd"})
@@ -49,10 +51,47 @@ def format_time(seconds: float, precision: int = 3) -> str:
 class RemoteShell:
     """What ``get_ipython()`` returns in a ``%%remote`` cell."""
 
-    def __init__(self, namespace: dict[str, Any], filename: str, line_offset: int) -> None:
+    def __init__(
+        self, namespace: dict[str, Any], filename: str, line_offset: int, colors: str = "neutral"
+    ) -> None:
         self.user_ns = namespace
         self._filename = filename
         self._offset = line_offset  # the cell's line of the current statement, for %%time
+        #: The kernel's colour scheme (sympy's ``init_printing`` picks its formulas' colour
+        #: from it).
+        self.colors = colors
+
+    @property
+    def display_formatter(self) -> Any:
+        """The worker's IPython formatter, which formats the cells' values: what a cell
+        registers on it (``formatters['text/latex'].for_type(...)``, sympy's
+        ``init_printing()``) shows in the next cells this worker runs, as in a kernel."""
+        from ._cell_display import ipython_formatter
+
+        formatter = ipython_formatter()
+        if formatter is None:
+            raise AttributeError(
+                "get_ipython().display_formatter is not available in a %%remote cell whose"
+                " environment has no IPython"
+            )
+        return formatter
+
+    @contextlib.contextmanager
+    def in_builtins(self) -> Iterator[None]:
+        """``get_ipython`` in ``builtins`` while the cell runs, as IPython puts it there: code
+        that calls it without importing it (sympy's ``init_printing``) finds this shell."""
+        import builtins
+
+        missing = object()
+        before = getattr(builtins, "get_ipython", missing)
+        builtins.get_ipython = lambda: self  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            if before is missing:
+                del builtins.get_ipython  # type: ignore[attr-defined]
+            else:
+                builtins.get_ipython = before  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(

@@ -167,7 +167,7 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         "changed": [],
         "namespace": {"pid": os.getpid(), "created": created, "cells": space["cells"]},
     }
-    shell = RemoteShell(namespace, filename, 0)
+    shell = RemoteShell(namespace, filename, 0, request.get("colors", "neutral"))
     namespace["get_ipython"] = lambda: shell
     # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
     # backend then.
@@ -197,9 +197,10 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body[-1].value)
                 del tree.body[-1]
-            exec(compile(tree, filename, "exec"), namespace)
-            if last is not None:
-                value = eval(compile(last, filename, "eval"), namespace)
+            with shell.in_builtins():
+                exec(compile(tree, filename, "exec"), namespace)
+                if last is not None:
+                    value = eval(compile(last, filename, "eval"), namespace)
         except BaseException as exc:
             result["error"] = _error(exc, 1)
         else:

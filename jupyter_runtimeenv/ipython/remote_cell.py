@@ -187,6 +187,7 @@ class RemoteCellMagics(Magics):
             "nonce": nonce,
             "quiet": code.quiet,
             "changes": code.changes,
+            "colors": str(getattr(self.shell, "colors", "neutral")),
         }
         extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
         if args.files_out:

@@ -268,6 +268,41 @@ def test_a_cells_exit_shows_as_the_local_cells(
     assert shown_remote.out.count("To exit: use") == shown_local.out.count("To exit: use") == 1
 
 
+def test_a_formatter_a_cell_registers_formats_the_next_cells_values(
+    shell: InteractiveShell,
+) -> None:
+    """sympy's ``init_printing()`` in a remote cell (scientific-python-lectures' Lecture-5,
+    every cell remote: 64 of 90 cells showed ``(x + pi)**2`` where the local cell shows the
+    formula drawn, its pretty text and LaTeX). It calls ``get_ipython()`` without importing
+    it, from builtins, as IPython puts it there, reads the shell's ``colors`` and registers
+    its printers with ``display_formatter.formatters[mime].for_type``. Here the same three
+    steps, by a function whose globals do not have ``get_ipython``."""
+    library = (
+        "def init_printing(cls):\n"
+        "    ip = get_ipython()\n"
+        "    colour = ip.colors.lower()\n"
+        "    latex = ip.display_formatter.formatters['text/latex']\n"
+        "    latex.for_type(cls, lambda f: f'$\\\\frac{{{f.n}}}{{{f.d}}}$ ' + colour)\n"
+    )
+    result = run(
+        shell,
+        "%%remote\n"
+        "class Frac:\n"
+        "    def __init__(self, n, d):\n"
+        "        self.n, self.d = n, d\n"
+        "    def __repr__(self):\n"
+        "        return f'{self.n}/{self.d}'\n"
+        "lib = {}\n"
+        f"exec({library!r}, lib)\n"
+        "lib['init_printing'](Frac)",
+    )
+    assert result.success, result.error_in_exec
+    result = run(shell, "%%remote\nFrac(1, 2)")
+    assert result.success, result.error_in_exec
+    colour = str(shell.colors).lower()
+    assert result.result.data == {"text/plain": "1/2", "text/latex": f"$\\frac{{1}}{{2}}$ {colour}"}
+
+
 def test_a_recarray_comes_back_as_numpys(shell: InteractiveShell) -> None:
     """handbook.py (02.09, mixed): ``data.view(np.recarray)`` made in a remote cell came back
     as a copy of the class, whose ``rec['age']`` raised ``TypeError: super(type, obj)``:
