@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 LINE_MAGICS = frozenset({"time", "timeit", "matplotlib", "pwd"})
-CELL_MAGICS = frozenset({"time", "timeit"})
+CELL_MAGICS = frozenset({"time", "timeit", "writefile", "file"})
+#: Cell magics whose body is text, not code (no names are read from it).
+TEXT_MAGICS = frozenset({"writefile", "file"})
 
 
 def format_time(seconds: float, precision: int = 3) -> str:
@@ -52,11 +54,17 @@ class RemoteShell:
     """What ``get_ipython()`` returns in a ``%%remote`` cell."""
 
     def __init__(
-        self, namespace: dict[str, Any], filename: str, line_offset: int, colors: str = "neutral"
+        self,
+        namespace: dict[str, Any],
+        filename: str,
+        line_offset: int,
+        colors: str = "neutral",
+        aliases: dict[str, str] | None = None,
     ) -> None:
         self.user_ns = namespace
         self._filename = filename
         self._offset = line_offset  # the cell's line of the current statement, for %%time
+        self._aliases = aliases or {}  # the kernel's shell aliases: name -> command
         #: The kernel's colour scheme (sympy's ``init_printing`` picks its formulas' colour
         #: from it).
         self.colors = colors
@@ -102,6 +110,8 @@ class RemoteShell:
     # -- what IPython's transforms call ------------------------------------------------
 
     def run_line_magic(self, name: str, line: str, _stack_depth: int = 1) -> Any:
+        if name in self._aliases:
+            return self._alias(self._aliases[name], self.var_expand(line))
         if name == "time":
             return self._time(line, line_mode=True)
         if name == "timeit":
@@ -123,7 +133,46 @@ class RemoteShell:
             return self._time(cell, line_mode=False)
         if name == "timeit":
             return self._timeit(line, cell)
+        if name in ("writefile", "file"):
+            return self._writefile(self.var_expand(line), cell)
         raise ValueError(f"%%{name} cannot run in a %%remote cell")
+
+    def _alias(self, command: str, rest: str) -> None:
+        """IPython's ``Alias.__call__``: ``%l`` is the whole line, each ``%s`` a word of it,
+        the words left after them; run as ``!cmd`` runs."""
+        if "%l" in command:
+            command, rest = command.replace("%l", rest), ""
+        wanted = command.count("%s") - command.count("%%s")
+        if wanted == 0:
+            command = f"{command.replace('%%s', '%s')} {rest}"
+        else:
+            words = rest.split(None, wanted)
+            if len(words) < wanted:
+                raise ValueError(f"the alias {command!r} takes {wanted} arguments")
+            command = f"{command % tuple(words[:wanted])} {' '.join(words[wanted:])}"
+        self.system(command)
+
+    @staticmethod
+    def _writefile(line: str, cell: str) -> None:
+        """IPython's ``%%writefile [-a] FILE``, in the worker's cwd (the env's copy of the
+        working dir): ``Writing``/``Overwriting``/``Appending to`` as it prints them."""
+        import shlex
+
+        words = shlex.split(line)
+        append = any(word in ("-a", "--append") for word in words)
+        names = [word for word in words if word not in ("-a", "--append")]
+        if len(names) != 1:
+            raise ValueError(
+                f"%%writefile {line.strip()}: give one file name"
+                f" ({'none' if not names else ', '.join(names)} given)"
+            )
+        filename = os.path.expanduser(names[0])
+        if os.path.exists(filename):
+            print(f"{'Appending to' if append else 'Overwriting'} {filename}")
+        else:
+            print(f"Writing {filename}")
+        with open(filename, "a" if append else "w", encoding="utf-8") as file:
+            file.write(cell)
 
     def system(self, cmd: str) -> None:
         """``!cmd``: a shell runs it in the worker's cwd; its output streams into the cell."""

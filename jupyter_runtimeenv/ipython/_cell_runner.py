@@ -167,7 +167,9 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         "changed": [],
         "namespace": {"pid": os.getpid(), "created": created, "cells": space["cells"]},
     }
-    shell = RemoteShell(namespace, filename, 0, request.get("colors", "neutral"))
+    shell = RemoteShell(
+        namespace, filename, 0, request.get("colors", "neutral"), request.get("aliases")
+    )
     namespace["get_ipython"] = lambda: shell
     # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
     # backend then.

@@ -24,7 +24,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._cell_magics import CELL_MAGICS, LINE_MAGICS
+from ._cell_magics import CELL_MAGICS, LINE_MAGICS, TEXT_MAGICS
 
 __all__ = [
     "CellCode",
@@ -278,12 +278,17 @@ def _parse_names(text: str) -> list[str]:
         return []
 
 
-def _check_magics(tree: ast.AST, strict: bool = True) -> list[str]:
+def _check_magics(
+    tree: ast.AST, strict: bool = True, aliases: frozenset[str] = frozenset()
+) -> list[str]:
     """Refuse what the worker cannot run (``strict``; else pass over it); the names read by
-    the magics' own code."""
+    the magics' own code. ``aliases``: the kernel's shell aliases (``%ls``, ``%cat``), which
+    the worker runs as commands."""
     reads: list[str] = []
     for method, first, rest in _magic_calls(tree):
-        if method == "run_line_magic":
+        if method == "run_line_magic" and first in aliases:
+            reads += _expanded_names(rest[0] if rest else "")
+        elif method == "run_line_magic":
             if first not in LINE_MAGICS:
                 if strict:
                     raise CodeError(_refusal(f"%{first}"))
@@ -301,15 +306,25 @@ def _check_magics(tree: ast.AST, strict: bool = True) -> list[str]:
                 if strict:
                     raise CodeError(_refusal(f"%%{first}"))
                 continue
+            if first in TEXT_MAGICS:  # the body is text: its line may expand {name}
+                reads += _expanded_names(rest[0] if rest else "")
+                continue
             reads += _parse_names(rest[1] if len(rest) > 1 else "")
         elif method in _SHELL_CALLS:
-            for name, expression in _SHELL_NAME.findall(first):
-                reads += [name] if name else _parse_names(expression)
+            reads += _expanded_names(first)
         elif strict:
             raise CodeError(
                 f"get_ipython().{method} cannot run in a %%remote cell: the cell runs in a"
                 " worker of the environment, not in the kernel"
             )
+    return reads
+
+
+def _expanded_names(text: str) -> list[str]:
+    """The names ``$name`` and ``{expression}`` read in a command IPython expands."""
+    reads: list[str] = []
+    for name, expression in _SHELL_NAME.findall(text):
+        reads += [name] if name else _parse_names(expression)
     return reads
 
 
@@ -322,7 +337,7 @@ def _refusal(magic: str) -> str:
         hint = "; run it in a cell of its own"
     return (
         f"{magic} cannot run in a %%remote cell (a worker runs {allowed}, %%time, %%timeit,"
-        f" !cmd and x = !cmd){hint}"
+        f" %%writefile, the shell aliases (%ls, %cat...), !cmd and x = !cmd){hint}"
     )
 
 
@@ -358,8 +373,11 @@ def local_reads(body: str) -> list[str]:
     return list(dict.fromkeys(reads))
 
 
-def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
-    """``cell`` through ``transform`` (IPython's ``transform_cell``), parsed and read.
+def prepare(
+    cell: str, filename: str, transform: Any = None, aliases: frozenset[str] = frozenset()
+) -> CellCode:
+    """``cell`` through ``transform`` (IPython's ``transform_cell``), parsed and read;
+    ``aliases``, the kernel's shell aliases, run in the worker as ``!cmd`` does.
 
     A ``SyntaxError`` is raised as Python raises it (the kernel shows it as a local one);
     ``CodeError`` when the body asks for what a worker cannot do.
@@ -367,7 +385,7 @@ def prepare(cell: str, filename: str, transform: Any = None) -> CellCode:
     body = transform(cell) if transform is not None else cell
     source = "\n" + body  # line 1 of the cell is the %%remote line
     tree = ast.parse(source, filename)
-    reads = names_read(tree) + _query_names(tree) + _check_magics(tree)
+    reads = names_read(tree) + _query_names(tree) + _check_magics(tree, aliases=aliases)
     return CellCode(
         source=source,
         tree=tree,

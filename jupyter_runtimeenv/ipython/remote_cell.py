@@ -84,6 +84,16 @@ class RemoteResult:
         return str(self.data.get("text/plain", ""))
 
 
+def _aliases(shell: Any) -> dict[str, str]:
+    """The shell's aliases (``%ls`` is ``ls -F --color``; ``%alias`` adds more): name ->
+    command."""
+    manager = getattr(shell, "alias_manager", None)
+    try:
+        return {str(name): str(command) for name, command in manager.aliases}  # type: ignore[union-attr]
+    except Exception:  # not IPython's shell
+        return {}
+
+
 def _split_names(value: str | None, flag: str) -> list[str]:
     if not value:
         return []
@@ -157,8 +167,9 @@ class RemoteCellMagics(Magics):
         number = self._cell_number(cell)
         filename = self._cache("\n" + cell, number)
         transform = getattr(self.shell, "transform_cell", None)
+        aliases = _aliases(self.shell)
         try:
-            code = prepare(cell, filename, transform)
+            code = prepare(cell, filename, transform, frozenset(aliases))
         except SyntaxError:
             # As the body alone in a cell shows it: its own line numbers and file name.
             raise plain_syntax_error(self.shell, cell, number, transform).with_traceback(
@@ -188,6 +199,7 @@ class RemoteCellMagics(Magics):
             "quiet": code.quiet,
             "changes": code.changes,
             "colors": str(getattr(self.shell, "colors", "neutral")),
+            "aliases": aliases,
         }
         extra: dict[str, Any] = {"affinity": space.key} if sticky else {}
         if args.files_out:

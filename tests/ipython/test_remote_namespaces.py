@@ -351,6 +351,66 @@ def test_magics_a_worker_cannot_run_are_refused(
     assert one_error_line(capsys).startswith(message)
 
 
+def test_writefile_writes_where_the_cell_runs(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scientific-python-lectures' Lecture-1 writes a module with ``%%file mymodule.py`` and
+    imports it in the next cell: moved to %%remote, the first was refused and the import
+    failed. IPython's %%writefile (and its %%file): the file in the worker's cwd, the line
+    IPython prints, ``-a``, ``{name}`` in the file name; the body is text, not code."""
+    project = tmp_path / "project"  # (tmp_path holds the cache)
+    project.mkdir()
+    monkeypatch.chdir(project)
+    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    run(shell, "stem = 'jre_written'")
+    capsys.readouterr()
+    body = "VALUE = 41\n# undefined_name is only text here\n"
+    assert run(shell, f"%%remote\n%%writefile {{stem}}.py\n{body}").success
+    assert capsys.readouterr().out.startswith("Writing jre_written.py\n")
+    assert run(shell, f"%%remote\n%%file {{stem}}.py\n{body}").success
+    assert capsys.readouterr().out.startswith("Overwriting jre_written.py\n")
+    assert run(shell, "%%remote\n%%writefile -a jre_written.py\nVALUE += 1\n").success
+    assert capsys.readouterr().out.startswith("Appending to jre_written.py\n")
+    result = run(shell, "%%remote\nimport os, jre_written\n(jre_written.VALUE, os.getcwd())")
+    assert result.success, result.error_in_exec
+    value, cwd = eval(shown(result))
+    assert value == 42
+    assert (Path(cwd) / "jre_written.py").read_text() == body + "VALUE += 1\n"
+    assert not (project / "jre_written.py").exists()  # in the env's copy of the working dir
+    run(shell, "%%remote\n%%writefile\nx")
+    assert "ValueError: %%writefile : give one file name (none given)" in capsys.readouterr().out
+
+
+def test_the_kernels_shell_aliases_run_in_the_worker(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scientific-python-lectures' Lecture-1 runs ``ls scripts/hello-world*.py`` and ``cat
+    scripts/hello-world.py`` (IPython's aliases %ls and %cat, by automagic): moved to
+    %%remote, both were refused. They run as commands in the worker's cwd, as IPython runs
+    an alias (``%s`` a word each, ``%l`` the line, ``{name}`` expanded)."""
+    project = tmp_path / "project"  # (tmp_path holds the cache)
+    project.mkdir()
+    (project / "hello.py").write_text("print('hello')\n")
+    monkeypatch.chdir(project)
+    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    run(shell, "name = 'hello.py'")
+    run(shell, "%alias two echo %s and %s")
+    run(shell, "%alias whole echo [%l]")
+    capsys.readouterr()
+    for cell in ("cat hello.py", "%cat {name}", "%two a b c", "%whole x  y"):
+        result = run(shell, f"%%remote\n{cell}")
+        assert result.success, (cell, result.error_in_exec)
+    assert capsys.readouterr().out == "print('hello')\n" * 2 + "a and b c\n" + "[x y]\n"
+    run(shell, "%%remote\n%two a")
+    assert "the alias 'echo %s and %s' takes 2 arguments" in capsys.readouterr().out
+
+
 def test_a_trailing_semicolon_shows_nothing(shell: InteractiveShell) -> None:
     result = run(shell, "%%remote\nvalue = [1, 2]\nvalue;")
     assert result.success
