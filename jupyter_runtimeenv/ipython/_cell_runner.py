@@ -26,6 +26,7 @@ from typing import Any
 
 from .._exc_state import describe, safe_str
 from ._cell_display import begin_cell, end_cell, format_object
+from ._cell_handover import seed
 from ._cell_magics import RemoteShell
 from ._cell_values import aliases, dump, load, segment
 
@@ -145,6 +146,7 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     import builtins
     import linecache
     import os
+    import sys
 
     spaces = _registry()
     key = request["namespace"]["key"]
@@ -155,6 +157,13 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         return {"lost": True, "namespace": {"pid": os.getpid(), "created": True}}
     if created:
         spaces[key] = {"ns": {"__name__": "__main__", "__builtins__": builtins}, "cells": 0}
+        if request.get("seed"):  # the names of the namespace this one replaces
+            try:
+                seed(spaces[key]["ns"], request["seed"])
+            except Exception as exc:
+                print(
+                    f"%%remote: the names of the old namespace were lost: {exc!r}", file=sys.stderr
+                )
     space = spaces[key]
     namespace: dict[str, Any] = space["ns"]
     space["cells"] += 1

@@ -71,6 +71,9 @@ class RemoteNamespace:
     style_sent: Any = None
     #: The executor whose worker holds it: another one (``init``, ``shutdown``) holds none.
     owner: Any = None
+    #: A file of the names it takes over from the namespace it replaced, which its first
+    #: cell loads (``_remote_handover``).
+    seed: str = ""
 
     def __post_init__(self) -> None:
         self.renew()

@@ -48,7 +48,15 @@ from ..errors import (
 from ..spec import RuntimeEnvSpec, parse, refresh
 from ..workers.interrupt import interrupted
 from ..workers.tracebacks import code_files, restore_frames
-from . import _cell_display, _cell_figures, _cell_magics, _cell_runner, _cell_values
+from . import (
+    _cell_display,
+    _cell_figures,
+    _cell_handover,
+    _cell_magics,
+    _cell_runner,
+    _cell_values,
+    _remote_handover,
+)
 from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, plain_syntax_error, prepare, stateful
 from ._remote_fetch import bring_back
@@ -59,7 +67,15 @@ from ._remote_values import explain, load_all
 __all__ = ["RemoteCellMagics", "RemoteResult", "names_read"]
 
 # The runner goes by value: the env's interpreter need not have jupyter_runtimeenv.
-for _module in (_cell_runner, _cell_values, _cell_display, _cell_figures, _cell_magics, _exc_state):
+for _module in (
+    _cell_runner,
+    _cell_values,
+    _cell_display,
+    _cell_figures,
+    _cell_magics,
+    _cell_handover,
+    _exc_state,
+):
     cloudpickle.register_pickle_by_value(_module)
 
 #: The task name of a cell (its output lines are written without the task prefix).
@@ -205,6 +221,8 @@ class RemoteCellMagics(Magics):
         if args.files_out:
             extra["files_out"] = tuple(args.files_out)
         style = kernel_style()
+        if space.seed:  # the names of the namespace this one replaced (_remote_handover)
+            request["seed"], space.seed = space.seed, ""
         for _attempt in range(2):
             request["figures"] = figure_settings(self.shell)
             if style is not None and (style != space.style_sent or not sticky):
@@ -213,7 +231,10 @@ class RemoteCellMagics(Magics):
             request["namespace"] = {"key": space.key, "expected": space.expected()}
             if not sticky:  # each cell in a namespace of its own, dropped after it
                 request["namespace"] = {"key": f"{space.key}:{space.cells}", "keep": False}
-            result = self._submit(executor, request, spec, extra, args.timeout, space)
+            try:
+                result = self._submit(executor, request, spec, extra, args.timeout, space)
+            finally:  # loaded (and removed) by the worker as the cell began, or never
+                _remote_handover.dropped(request.pop("seed", ""))
             if not result.get("lost"):
                 space.style_sent = style
                 break
@@ -324,17 +345,26 @@ class RemoteCellMagics(Magics):
         current = refresh(spec)
         space, replaced = namespace_for(label, current.env_id, spec.env_id)
         if replaced is not None and replaced.owner is not None:
-            self._let_go(replaced)
-            if replaced.cells and replaced.owner() is api._executor():
+            executor = api._executor()
+            ours = bool(replaced.cells) and replaced.owner() is executor
+            moved = replaced.declared_id == spec.env_id  # only its local code changed
+            try:
+                if ours and moved and getattr(executor, "keeps_affinity", False):
+                    space.owner = replaced.owner
+                    told = _remote_handover.carry(executor, replaced, space)
+                else:
+                    held = ", ".join(replaced.names[:10]) or "nothing"
+                    told = f"this cell starts a new remote namespace (the old one held {held})"
+            finally:
+                self._let_go(replaced)
+            if ours:
                 why = (
                     "its local code changed (working_dir, py_modules)"
-                    if replaced.declared_id == spec.env_id
-                    else "it was declared again"
+                    if moved
+                    else ("it was declared again")
                 )
-                held = ", ".join(replaced.names[:10]) or "nothing"
                 print(
-                    f"%%remote: {label} changed since its last remote cell ({why}): this"
-                    f" cell starts a new remote namespace (the old one held {held})",
+                    f"%%remote: {label} changed since its last remote cell ({why}): {told}",
                     file=sys.stderr,
                 )
         return space, spec

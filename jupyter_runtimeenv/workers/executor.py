@@ -176,7 +176,7 @@ class LocalExecutor(Executor):
             task.here = os.getcwd()  # beside the notebook: where files_out go
         try:
             while True:
-                pool = self._pool_for(runtime_env)
+                pool = self._holding(affinity) or self._pool_for(runtime_env)
                 # A function, not a closure per call (see future.py); none where the env
                 # has no tree of ours to look at (``_report_files`` would return at once;
                 # an env not known yet may have one).
@@ -194,6 +194,16 @@ class LocalExecutor(Executor):
         with self._lock:
             self._shut = True
         self._finalizer()
+
+    def _holding(self, key: str | None) -> Pool | None:
+        """The open pool whose worker is kept for ``key``: a namespace's calls go there even
+        once its env's local code changed (``%%remote`` then moves the namespace out)."""
+        if key is None:
+            return None
+        for pool in self.pools:
+            if not pool.closed and pool.affinity_pid(key) is not None:
+                return pool
+        return None
 
     def release_affinity(self, key: str) -> None:
         for pool in self.pools:

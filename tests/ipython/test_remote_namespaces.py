@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -409,6 +410,52 @@ def test_the_kernels_shell_aliases_run_in_the_worker(
     assert capsys.readouterr().out == "print('hello')\n" * 2 + "a and b c\n" + "[x y]\n"
     run(shell, "%%remote\n%two a")
     assert "the alias 'echo %s and %s' takes 2 arguments" in capsys.readouterr().out
+
+
+def test_the_namespace_moves_when_a_notebook_cell_writes_into_the_working_dir(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scientific-python-lectures' Lecture-2, every other cell remote: ``from numpy import *``
+    in a remote cell, then ``savetxt("random-matrix.csv", M)`` in a notebook cell, which
+    writes into the env's working dir, so the next remote cell runs in a worker of the new
+    env (to see the file): its namespace started empty, and 55 cells failed (``dot`` not
+    defined). The names move to the new worker: one object under two names stays one, a
+    function reads the new namespace's names, a lock is named as lost; the file is seen."""
+    project = tmp_path / "project"  # (tmp_path holds the cache)
+    project.mkdir()
+    monkeypatch.chdir(project)
+    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    body = (
+        "%%remote\n"
+        "from math import *\n"
+        "import threading, os\n"
+        "data = [1, 2]\n"
+        "alias = data\n"
+        "lock = threading.Lock()\n"
+        "def total():\n"
+        "    return sum(data) + later\n"
+        "before = os.getpid()"
+    )
+    assert run(shell, body).success
+    run(shell, "open('written.csv', 'w').write('1,2\\n')")  # a notebook cell writes a file
+    # A notebook cell reads a remote name: it comes from the old worker, which stays.
+    assert run(shell, "data").result == [1, 2]
+    capsys.readouterr()
+    result = run(
+        shell,
+        "%%remote\nlater = 10\n"
+        "(sqrt(16), total(), alias is data, open('written.csv').read(), os.getpid() != before)",
+    )
+    assert result.success, result.error_in_exec
+    assert eval(shown(result)) == (4.0, 13, True, "1,2\n", True)
+    said = capsys.readouterr().err
+    assert "changed since its last remote cell (its local code changed" in said
+    assert "its names move to a new worker (" in said
+    assert "; these cannot be pickled and are lost: lock (TypeError: " in said
+    assert not list(Path(tempfile.gettempdir()).glob("jre-namespace-*"))  # loaded, removed
 
 
 def test_a_trailing_semicolon_shows_nothing(shell: InteractiveShell) -> None:

@@ -355,13 +355,13 @@ NOTEBOOKS = {
     "helper_and_files": HELPER_AND_FILES,
 }
 #: The one line a remote cell adds, where a local one has none: the cell after an edit to
-#: a module of the working_dir runs in a new env (its namespace starts over, and says so),
+#: a module of the working_dir runs in a new env (its names move there, and it says so),
 #: and a cell that wrote files names them (and where --files-out copied them).
 EXTRA_REMOTE_LINES = {
     ("helper_and_files", 3): re.compile(
         r"^%%remote: the default env changed since its last remote cell \(its local code"
-        r" changed \(working_dir, py_modules\)\): this cell starts a new remote namespace"
-        r" \(the old one held .*helper.*\)\n",
+        r" changed \(working_dir, py_modules\)\): its names move to a new worker"
+        r" \(.*helper.*\)\n",
         re.MULTILINE,
     ),
     ("helper_and_files", 4): re.compile(r"^wrote results\.csv.*; copied 1 to .*\n", re.MULTILINE),
