@@ -3,11 +3,13 @@ kernel's).
 
 When the local code of an env changes (a file written into its working dir, a module
 edited), its next ``%%remote`` cell runs in a worker of the new env. ``export`` runs in the
-old worker, as its last call: it pickles the namespace's names into one file (one pickle,
-so two names of one object stay one object; a name that cannot be pickled is left out and
-named with its cause). ``seed`` runs in the new worker before the cell: the names are
-loaded into its new namespace, and functions the cells defined read it as their globals
-again. Shipped by value with the cell runner.
+old worker, as its last call, and writes the namespace's names into one file: one pickler
+for all of them, so two names of one object stay one object, each name in a stretch of its
+own, so one that cannot be pickled (or loaded) is left out alone and named with its cause. A
+name that is an attribute of a module (what ``from pylab import *`` binds: ``rcParams``)
+goes as that reference, not as a copy. ``seed`` runs in the new worker before the cell: the
+names are loaded into its new namespace, and functions the cells defined read it as their
+globals again. Shipped by value with the cell runner.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from typing import Any
 _NAMESPACES = "_jupyter_runtimeenv_namespaces"
 #: What the runner puts in a namespace itself (``_cell_runner._OWN``): not carried.
 _OWN = frozenset({"__builtins__", "__name__", "get_ipython", "_", "_exit_code"})
+#: Values cheaper and safer to copy than to look up as a module's attribute.
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
 def export(key: str, path: str) -> dict[str, Any]:
     """Write the names of namespace ``key`` to ``path``: ``carried`` (names), ``lost``
     (name -> why); ``missing`` when this worker does not hold it."""
+    import io
+    import pickle
+
     import cloudpickle
 
     module = sys.modules.get(_NAMESPACES)
@@ -33,41 +40,78 @@ def export(key: str, path: str) -> dict[str, Any]:
     if space is None:
         return {"missing": True, "carried": [], "lost": {}}
     namespace: dict[str, Any] = space["ns"]
-    values = {
-        name: value
-        for name, value in namespace.items()
-        if name not in _OWN and not name.startswith("__")
-    }
+    names = [n for n in namespace if n not in _OWN and not n.startswith("__")]
+    buffer = io.BytesIO()
+    pickler = cloudpickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    index: list[tuple[str, int, int]] = []  # name, start, end
     lost: dict[str, str] = {}
-    try:
-        blob = cloudpickle.dumps(values, protocol=5)
-    except Exception:
-        for name in list(values):  # which ones cannot go (one pickle each, to say why)
-            try:
-                cloudpickle.dumps(values[name], protocol=5)
-            except Exception as exc:
-                lost[name] = f"{type(exc).__name__}: {exc}"[:200]
-                del values[name]
-        blob = cloudpickle.dumps(values, protocol=5)
+    for name in names:
+        value = namespace[name]
+        reference = _module_attribute(name, value)
+        start, memo = buffer.tell(), pickler.memo.copy()
+        try:
+            pickler.dump(("ref", reference) if reference else ("value", value))
+        except Exception as exc:
+            buffer.seek(start)
+            buffer.truncate(start)
+            pickler.memo = memo  # nothing of the failed one is referred to later
+            lost[name] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        index.append((name, start, buffer.tell()))
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "wb") as file:
-        file.write(blob)
-    return {"carried": sorted(values), "lost": lost}
+        pickle.dump(index, file)
+        file.write(buffer.getbuffer())
+    return {"carried": [name for name, _, _ in index], "lost": lost}
 
 
-def seed(namespace: dict[str, Any], path: str) -> None:
-    """Load what ``export`` wrote into a new namespace (then remove the file)."""
+def seed(namespace: dict[str, Any], path: str) -> list[str]:
+    """Load what ``export`` wrote into a new namespace (then remove the file); the names
+    that could not be loaded, with why (said in the cell's output)."""
+    import importlib
+    import io
     import pickle
 
     try:
         with open(path, "rb") as file:
-            values = pickle.load(file)
+            index = pickle.load(file)
+            data = io.BytesIO(file.read())
     finally:
         os.unlink(path)
-    for name, value in values.items():
+    unpickler = pickle.Unpickler(data)
+    failed = []
+    for name, start, _end in index:
+        data.seek(start)
+        try:
+            kind, value = unpickler.load()
+            if kind == "ref":
+                value = getattr(importlib.import_module(value[0]), value[1])
+        except Exception as exc:
+            failed.append(f"{name} ({type(exc).__name__}: {exc})"[:200])
+            continue
         if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
             value = _rebound(value, namespace)
         namespace[name] = value
+    return failed
+
+
+def _module_attribute(name: str, value: Any) -> tuple[str, str] | None:
+    """``(module, name)`` when ``value`` is that module's attribute of the same name (a
+    star import's, or ``from m import x``), other than a function, class or module (which
+    pickle as references already) or a plain value."""
+    if isinstance(value, (*_PLAIN, types.FunctionType, types.ModuleType, type)):
+        return None
+    found = None
+    for module_name, module in list(sys.modules.items()):
+        if module_name == "__main__" or module is None:
+            continue
+        try:
+            attribute = module.__dict__.get(name)
+        except Exception:
+            continue
+        if attribute is value and (found is None or len(module_name) < len(found)):
+            found = module_name
+    return None if found is None else (found, name)
 
 
 def _rebound(function: types.FunctionType, namespace: dict[str, Any]) -> types.FunctionType:

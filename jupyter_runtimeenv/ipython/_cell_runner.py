@@ -157,13 +157,6 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         return {"lost": True, "namespace": {"pid": os.getpid(), "created": True}}
     if created:
         spaces[key] = {"ns": {"__name__": "__main__", "__builtins__": builtins}, "cells": 0}
-        if request.get("seed"):  # the names of the namespace this one replaces
-            try:
-                seed(spaces[key]["ns"], request["seed"])
-            except Exception as exc:
-                print(
-                    f"%%remote: the names of the old namespace were lost: {exc!r}", file=sys.stderr
-                )
     space = spaces[key]
     namespace: dict[str, Any] = space["ns"]
     space["cells"] += 1
@@ -183,6 +176,17 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
     # backend then.
     begin_cell(request["nonce"], request["figures"])
+    if created and request.get("seed"):  # the names of the namespace this one replaces
+        try:
+            failed = seed(namespace, request["seed"])
+        except Exception as exc:
+            failed = [f"all of them ({exc!r})"]
+        if failed:
+            print(
+                "%%remote: these names of the old namespace could not be loaded here: "
+                + "; ".join(failed),
+                file=sys.stderr,
+            )
     inputs = request["inputs"]
     values, failed = load(inputs)
     for name, exc in failed.items():  # the first that did not load

@@ -431,7 +431,9 @@ def test_the_namespace_moves_when_a_notebook_cell_writes_into_the_working_dir(
     body = (
         "%%remote\n"
         "from math import *\n"
+        "from matplotlib.pyplot import *\n"  # its rcParams: a copy could not be loaded
         "import threading, os\n"
+        "fig, ax = subplots()\n"
         "data = [1, 2]\n"
         "alias = data\n"
         "lock = threading.Lock()\n"
@@ -447,10 +449,12 @@ def test_the_namespace_moves_when_a_notebook_cell_writes_into_the_working_dir(
     result = run(
         shell,
         "%%remote\nlater = 10\n"
-        "(sqrt(16), total(), alias is data, open('written.csv').read(), os.getpid() != before)",
+        "(sqrt(16), total(), alias is data, open('written.csv').read(), os.getpid() != before,"
+        " fig.axes[0] is ax, rcParams is __import__('matplotlib').rcParams)",
     )
     assert result.success, result.error_in_exec
-    assert eval(shown(result)) == (4.0, 13, True, "1,2\n", True)
+    # (rcParams: the module's own, as a star import binds it, not a copy)
+    assert eval(shown(result)) == (4.0, 13, True, "1,2\n", True, True, True)
     said = capsys.readouterr().err
     assert "changed since its last remote cell (its local code changed" in said
     assert "its names move to a new worker (" in said
