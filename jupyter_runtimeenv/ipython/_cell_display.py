@@ -234,6 +234,28 @@ def format_object(
     return dict(data), dict(md)
 
 
+def add_printers(printers: list[bytes]) -> list[str]:
+    """Register the kernel's printers (``_remote_printers``) on this worker's formatter;
+    what could not be loaded here (its type's package, another version), as text."""
+    import pickle
+
+    formatter = ipython_formatter()
+    if formatter is None:
+        return []
+    failed = []
+    for blob in printers:
+        try:
+            mime, kind, printer = pickle.loads(blob)
+            target = formatter.formatters[mime]
+            if isinstance(kind, tuple):
+                target.for_type_by_name(kind[0], kind[1], printer)
+            else:
+                target.for_type(kind, printer)
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {exc}"[:200])
+    return failed
+
+
 def ipython_formatter() -> Any:
     current = state()
     if current["formatter"] is None:

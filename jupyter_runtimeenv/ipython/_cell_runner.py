@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exc_state import describe, safe_str
-from ._cell_display import begin_cell, end_cell, format_object
+from ._cell_display import add_printers, begin_cell, end_cell, format_object
 from ._cell_handover import seed
 from ._cell_magics import RemoteShell
 from ._cell_values import aliases, dump, load, segment
@@ -176,6 +176,8 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     # Before the inputs: unpickling one may import matplotlib.pyplot, which picks its
     # backend then.
     begin_cell(request["nonce"], request["figures"])
+    if request.get("printers"):  # the kernel's own display printers (_remote_printers)
+        add_printers(request["printers"])
     if created and request.get("seed"):  # the names of the namespace this one replaces
         try:
             failed = seed(namespace, request["seed"])

@@ -69,6 +69,8 @@ class RemoteNamespace:
     #: The spec its cells ran with, and the kernel's matplotlib style its worker has.
     spec: Any = None
     style_sent: Any = None
+    #: The kernel's display printers its worker has (``_remote_printers``' fingerprint).
+    printers_sent: Any = None
     #: The executor whose worker holds it: another one (``init``, ``shutdown``) holds none.
     owner: Any = None
     #: A file of the names it takes over from the namespace it replaced, which its first
@@ -99,6 +101,7 @@ class RemoteNamespace:
         self.remote_owned.clear()
         self.stale.clear()
         self.style_sent = None
+        self.printers_sent = None
 
     def expected(self) -> dict[str, Any] | None:
         """What the worker should already hold (it says so when it does not)."""

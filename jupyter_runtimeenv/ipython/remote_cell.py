@@ -61,6 +61,7 @@ from ._magic_args import argument, magic_arguments, parse_argstring
 from ._remote_code import CellCode, CodeError, names_read, plain_syntax_error, prepare, stateful
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
+from ._remote_printers import kernel_printers
 from ._remote_stream import cell_streams, figure_settings, kernel_style, publish, take_style
 from ._remote_values import explain, load_all
 
@@ -221,12 +222,15 @@ class RemoteCellMagics(Magics):
         if args.files_out:
             extra["files_out"] = tuple(args.files_out)
         style = kernel_style()
+        printed, printers = kernel_printers(self.shell)
         if space.seed:  # the names of the namespace this one replaced (_remote_handover)
             request["seed"], space.seed = space.seed, ""
         for _attempt in range(2):
             request["figures"] = figure_settings(self.shell)
             if style is not None and (style != space.style_sent or not sticky):
                 request["figures"]["style"] = style  # the notebook's own, changed since
+            if printed and (printed != space.printers_sent or not sticky):
+                request["printers"] = printers
             request["inputs"], files = self._inputs(args, code, space)
             request["namespace"] = {"key": space.key, "expected": space.expected()}
             if not sticky:  # each cell in a namespace of its own, dropped after it
@@ -237,6 +241,7 @@ class RemoteCellMagics(Magics):
                 _remote_handover.dropped(request.pop("seed", ""))
             if not result.get("lost"):
                 space.style_sent = style
+                space.printers_sent = printed
                 break
             # The worker died just before this cell reached it: nothing ran. Again, with
             # every name the cell reads.

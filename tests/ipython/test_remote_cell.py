@@ -303,6 +303,28 @@ def test_a_formatter_a_cell_registers_formats_the_next_cells_values(
     assert result.result.data == {"text/plain": "1/2", "text/latex": f"$\\frac{{1}}{{2}}$ {colour}"}
 
 
+def test_printers_the_notebook_registers_format_remote_values(shell: InteractiveShell) -> None:
+    """sympy's ``init_printing()`` in a notebook cell, then its formulas made in remote
+    cells (scientific-python-lectures' Lecture-5, every other cell remote: 33 of 90 cells
+    showed ``(x + pi)**2`` where a notebook cell shows it drawn). The printers the notebook
+    registered on its display formatter (by type, by name) format the remote values too, and
+    the newest one wins."""
+    latex = "get_ipython().display_formatter.formatters['text/latex']"
+    run(
+        shell,
+        "from fractions import Fraction\n"
+        f"{latex}.for_type(Fraction, lambda f: f'$\\\\frac{{{{{{f.numerator}}}}}}{{{{2}}}}$')\n"
+        f"{latex}.for_type_by_name('decimal', 'Decimal', lambda d: f'$d={{d}}$')",
+    )
+    result = run(shell, "%%remote\nfrom fractions import Fraction\nFraction(1, 2)")
+    assert result.success, result.error_in_exec
+    assert result.result.data == {"text/plain": "Fraction(1, 2)", "text/latex": "$\\frac{1}{2}$"}
+    result = run(shell, "%%remote\nimport decimal\ndecimal.Decimal('1.5')")
+    assert result.result.data == {"text/plain": "Decimal('1.5')", "text/latex": "$d=1.5$"}
+    run(shell, f"{latex}.for_type(Fraction, lambda f: 'half')")
+    assert run(shell, "%%remote\nFraction(1, 2)").result.data["text/latex"] == "half"
+
+
 def test_a_recarray_comes_back_as_numpys(shell: InteractiveShell) -> None:
     """handbook.py (02.09, mixed): ``data.view(np.recarray)`` made in a remote cell came back
     as a copy of the class, whose ``rec['age']`` raised ``TypeError: super(type, obj)``:
