@@ -101,6 +101,9 @@ class CellCode:
     #: Of ``reads``, those read before the cell binds them (``local_reads``): the others
     #: are sent if they can be (a branch may read the notebook's), not missed if not.
     needed: list[str] = field(default_factory=list)
+    #: ``%config InlineBackend...`` lines: the kernel applies them before it sends the cell
+    #: (its worker draws figures in the kernel's formats).
+    inline_config: list[str] = field(default_factory=list)
 
 
 def names_read(tree: ast.AST) -> list[str]:
@@ -288,6 +291,8 @@ def _check_magics(
     for method, first, rest in _magic_calls(tree):
         if method == "run_line_magic" and first in aliases:
             reads += _expanded_names(rest[0] if rest else "")
+        elif method == "run_line_magic" and first == "config" and _inline(rest):
+            continue  # the kernel applies it (``inline_config``)
         elif method == "run_line_magic":
             if first not in LINE_MAGICS:
                 if strict:
@@ -320,6 +325,20 @@ def _check_magics(
     return reads
 
 
+def _inline(rest: list[str]) -> bool:
+    """Whether a ``%config`` line sets the inline backend's figure settings."""
+    return bool(rest) and rest[0].lstrip().startswith("InlineBackend.")
+
+
+def inline_config(tree: ast.AST) -> list[str]:
+    """The cell's ``%config InlineBackend.x = y`` lines, in order."""
+    return [
+        rest[0]
+        for method, first, rest in _magic_calls(tree)
+        if method == "run_line_magic" and first == "config" and _inline(rest)
+    ]
+
+
 def _expanded_names(text: str) -> list[str]:
     """The names ``$name`` and ``{expression}`` read in a command IPython expands."""
     reads: list[str] = []
@@ -337,7 +356,8 @@ def _refusal(magic: str) -> str:
         hint = "; run it in a cell of its own"
     return (
         f"{magic} cannot run in a %%remote cell (a worker runs {allowed}, %%time, %%timeit,"
-        f" %%writefile, the shell aliases (%ls, %cat...), !cmd and x = !cmd){hint}"
+        f" %%writefile, the shell aliases (%ls, %cat...), !cmd and x = !cmd; the kernel"
+        f" applies %config InlineBackend...){hint}"
     )
 
 
@@ -394,6 +414,7 @@ def prepare(
         receivers=method_receivers(tree),
         quiet=quiet(body),
         needed=local_reads(body),
+        inline_config=inline_config(tree),
     )
 
 

@@ -194,6 +194,9 @@ class RemoteCellMagics(Magics):
             ) from None
         except CodeError as exc:
             raise UsageError(f"remote: {exc}") from None
+        shell: Any = self.shell
+        for setting in code.inline_config:  # figure formats are the kernel's: set them there
+            shell.run_line_magic("config", setting)
         space, spec = self._namespace(args)
         space.spec = spec
         executor = api._executor()

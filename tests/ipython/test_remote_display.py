@@ -20,6 +20,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
+from jupyter_runtimeenv.ipython._remote_stream import figure_settings
+
 
 def outputs(shell: InteractiveShell, source: str) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """Run ``source``; its result and its outputs in order: ('display' | 'result', data)."""
@@ -144,6 +146,23 @@ def test_figures_show_when_matplotlib_was_imported_before_the_cell() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.count('"image/png"') == 1, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_config_inline_backend_in_a_remote_cell_sets_the_kernels(shell: InteractiveShell) -> None:
+    """``%config InlineBackend.figure_format = 'svg'`` in a notebook's first cell (with its
+    imports), moved to %%remote, refused the whole cell (scientific-python-lectures'
+    Lecture-4). Figure formats are the kernel's: it applies the line before it sends the
+    cell, whose figures are then drawn so, as a local cell's are."""
+    try:
+        _, shown = outputs(
+            shell,
+            "%%remote\n%config InlineBackend.figure_formats = ['svg']\n"
+            "import matplotlib.pyplot as plt\nplt.plot([1]);\nplt.show()",
+        )
+        assert figure_settings(shell)["formats"] == ["svg"]  # the kernel's, from now on
+    finally:
+        shell.run_cell("%config InlineBackend.figure_formats = ['png']")
+    assert mimes(shown) == [["image/svg+xml", "text/plain"]]
 
 
 def test_the_kernels_figure_formats(shell: InteractiveShell) -> None:
