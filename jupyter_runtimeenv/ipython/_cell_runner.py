@@ -180,13 +180,13 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         add_printers(request["printers"])
     if created and request.get("seed"):  # the names of the namespace this one replaces
         try:
-            failed = seed(namespace, request["seed"])
-        except Exception as exc:
-            failed = [f"all of them ({exc!r})"]
-        if failed:
+            not_loaded = seed(namespace, request["seed"])
+        except Exception as broken:
+            not_loaded = [f"all of them ({broken!r})"]
+        if not_loaded:
             print(
                 "%%remote: these names of the old namespace could not be loaded here: "
-                + "; ".join(failed),
+                + "; ".join(not_loaded),
                 file=sys.stderr,
             )
     inputs = request["inputs"]

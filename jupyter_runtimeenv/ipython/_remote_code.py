@@ -29,12 +29,15 @@ from ._cell_magics import CELL_MAGICS, LINE_MAGICS, TEXT_MAGICS
 __all__ = [
     "CellCode",
     "CodeError",
+    "cell_frames",
+    "inline_config",
     "local_reads",
     "method_receivers",
     "names_changed",
     "names_read",
     "plain_syntax_error",
     "prepare",
+    "shell_aliases",
     "stateful",
 ]
 
@@ -447,3 +450,38 @@ def _raw_body(shell: Any, cell: str, number: int) -> str:
     if first.lstrip().startswith("%%remote") and newline and cell.startswith(rest):
         return rest
     return cell[:-1] if cell.endswith("\n") else cell
+
+
+def shell_aliases(shell: Any) -> dict[str, str]:
+    """The shell's aliases (``%ls`` is ``ls -F --color``; ``%alias`` adds more): name ->
+    command."""
+    manager = getattr(shell, "alias_manager", None)
+    try:
+        return {str(name): str(command) for name, command in manager.aliases}  # type: ignore[union-attr]
+    except Exception:  # not IPython's shell
+        return {}
+
+
+_FRAME = re.compile(
+    r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)$',
+    re.MULTILINE,
+)
+
+
+def cell_frames(shell: Any, text: str) -> str:
+    """``File "<cell file>", line k, in f`` lines of a traceback as IPython names cells:
+    ``Cell In[n], line k``."""
+    compiler = getattr(shell, "compile", None)
+    names: dict[str, int] = getattr(compiler, "_filename_map", {}) or {}
+    if not names:
+        return text
+
+    def rename(match: re.Match[str]) -> str:
+        number = names.get(match.group("file"))
+        if number is None:
+            return match.group(0)
+        where = match.group("name")
+        tail = "" if where == "<module>" else f", in {where}"
+        return f"{match.group('indent')}Cell In[{number}], line {match.group('line')}{tail}"
+
+    return _FRAME.sub(rename, text)

@@ -11,7 +11,7 @@ loads them before it runs; what the kernel knows of them (which names a remote c
 last) goes along. A name that cannot be pickled (a lock, an open file) stays behind, named
 with its cause. Local executors only: the new worker is on the same machine.
 
-Who calls it: ``remote_cell`` (``_namespace``, when the env's local code changed).
+Who calls it: ``remote_cell`` (``_namespace``, when the env changed since its last cell).
 """
 
 from __future__ import annotations
@@ -25,7 +25,30 @@ from typing import Any
 from . import _cell_handover
 from ._remote_namespaces import RemoteNamespace
 
-__all__ = ["carry", "dropped"]
+__all__ = ["carry", "dropped", "replace"]
+
+
+def replace(executor: Any, old: RemoteNamespace, new: RemoteNamespace, declared_id: str) -> str:
+    """``new`` replaces ``old`` (its env changed since its last cell): ``old``'s names move
+    into ``new`` when only the env's local code changed, and its worker is let go. What the
+    line that reports it says after "changed since its last remote cell" (empty: nothing to
+    say, ``old`` ran no cell in this executor)."""
+    ours = bool(old.cells) and old.owner is not None and old.owner() is executor
+    moved = old.declared_id == declared_id  # only its local code changed
+    try:
+        if ours and moved and getattr(executor, "keeps_affinity", False):
+            new.owner = old.owner
+            told = carry(executor, old, new)
+        else:
+            told = _lost(old, "")
+    finally:
+        release = getattr(executor, "release_affinity", None)
+        if release is not None:
+            release(old.key)
+    if not ours:
+        return ""
+    why = "its local code changed (working_dir, py_modules)" if moved else "it was declared again"
+    return f"({why}): {told}"
 
 
 def carry(executor: Any, old: RemoteNamespace, new: RemoteNamespace) -> str:
@@ -81,4 +104,5 @@ def dropped(path: str) -> None:
 
 def _lost(old: RemoteNamespace, why: str) -> str:
     held = ", ".join(old.names[:10]) or "nothing"
-    return f"this cell starts a new remote namespace ({why}; the old one held {held})"
+    because = f"{why}; " if why else ""
+    return f"this cell starts a new remote namespace ({because}the old one held {held})"

@@ -58,7 +58,16 @@ from . import (
     _remote_handover,
 )
 from ._magic_args import argument, magic_arguments, parse_argstring
-from ._remote_code import CellCode, CodeError, names_read, plain_syntax_error, prepare, stateful
+from ._remote_code import (
+    CellCode,
+    CodeError,
+    cell_frames,
+    names_read,
+    plain_syntax_error,
+    prepare,
+    shell_aliases,
+    stateful,
+)
 from ._remote_fetch import bring_back
 from ._remote_namespaces import RemoteNamespace, namespace_for, namespaces, track_local_cell
 from ._remote_printers import kernel_printers
@@ -99,16 +108,6 @@ class RemoteResult:
 
     def __repr__(self) -> str:
         return str(self.data.get("text/plain", ""))
-
-
-def _aliases(shell: Any) -> dict[str, str]:
-    """The shell's aliases (``%ls`` is ``ls -F --color``; ``%alias`` adds more): name ->
-    command."""
-    manager = getattr(shell, "alias_manager", None)
-    try:
-        return {str(name): str(command) for name, command in manager.aliases}  # type: ignore[union-attr]
-    except Exception:  # not IPython's shell
-        return {}
 
 
 def _split_names(value: str | None, flag: str) -> list[str]:
@@ -184,7 +183,7 @@ class RemoteCellMagics(Magics):
         number = self._cell_number(cell)
         filename = self._cache("\n" + cell, number)
         transform = getattr(self.shell, "transform_cell", None)
-        aliases = _aliases(self.shell)
+        aliases = shell_aliases(self.shell)
         try:
             code = prepare(cell, filename, transform, frozenset(aliases))
         except SyntaxError:
@@ -353,37 +352,17 @@ class RemoteCellMagics(Magics):
         current = refresh(spec)
         space, replaced = namespace_for(label, current.env_id, spec.env_id)
         if replaced is not None and replaced.owner is not None:
-            executor = api._executor()
-            ours = bool(replaced.cells) and replaced.owner() is executor
-            moved = replaced.declared_id == spec.env_id  # only its local code changed
-            try:
-                if ours and moved and getattr(executor, "keeps_affinity", False):
-                    space.owner = replaced.owner
-                    told = _remote_handover.carry(executor, replaced, space)
-                else:
-                    held = ", ".join(replaced.names[:10]) or "nothing"
-                    told = f"this cell starts a new remote namespace (the old one held {held})"
-            finally:
-                self._let_go(replaced)
-            if ours:
-                why = (
-                    "its local code changed (working_dir, py_modules)"
-                    if moved
-                    else ("it was declared again")
-                )
+            told = _remote_handover.replace(api._executor(), replaced, space, spec.env_id)
+            if told:
                 print(
-                    f"%%remote: {label} changed since its last remote cell ({why}): {told}",
-                    file=sys.stderr,
+                    f"%%remote: {label} changed since its last remote cell {told}", file=sys.stderr
                 )
         return space, spec
 
-    def _let_go(self, space: RemoteNamespace) -> None:
+    def _fresh(self, space: RemoteNamespace) -> None:
         release = getattr(api._executor(), "release_affinity", None)
         if release is not None:
             release(space.key)
-
-    def _fresh(self, space: RemoteNamespace) -> None:
-        self._let_go(space)
         space.renew()
 
     def _inputs(
@@ -495,25 +474,8 @@ class RemoteCellMagics(Magics):
                     f"remote: {name!r} is a notebook variable the cell did not send (its code"
                     f" names it only inside a string): add --in {name}"
                 )
-        text = self._cells(restore_frames(error["text"], files))
+        text = cell_frames(self.shell, restore_frames(error["text"], files))
         return RemoteCellError.wrap("%%remote", text, cause, remote_type)
-
-    def _cells(self, text: str) -> str:
-        """``File "<cell file>", line k, in f`` lines as IPython names cells: ``Cell In[n]``."""
-        compiler = getattr(self.shell, "compile", None)
-        names: dict[str, int] = getattr(compiler, "_filename_map", {}) or {}
-        if not names:
-            return text
-
-        def rename(match: re.Match[str]) -> str:
-            number = names.get(match.group("file"))
-            if number is None:
-                return match.group(0)
-            where = match.group("name")
-            tail = "" if where == "<module>" else f", in {where}"
-            return f"{match.group('indent')}Cell In[{number}], line {match.group('line')}{tail}"
-
-        return _FRAME.sub(rename, text)
 
     def _list(self) -> None:
         spaces = namespaces()
@@ -522,12 +484,6 @@ class RemoteCellMagics(Magics):
             return
         for space in spaces:
             print(space.describe())
-
-
-_FRAME = re.compile(
-    r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)$',
-    re.MULTILINE,
-)
 
 
 def _first_line(error: BaseException) -> str:
