@@ -1,7 +1,8 @@
 """Run real notebooks of the Python Data Science Handbook local and moved to ``%%remote``.
 
 Not a test (it needs a clone of https://github.com/jakevdp/PythonDataScienceHandbook, or of
-https://github.com/jakevdp/WhirlwindTourOfPython for the table's last entries, and an index
+https://github.com/jakevdp/WhirlwindTourOfPython or
+https://github.com/jrjohansson/scientific-python-lectures for the table's last entries, and an index
 for ``--pip``): the check behind issue 20, repeatable by hand. Each notebook's code
 cells run in a real kernel (nbclient) three times: twice as they are (cells whose outputs
 differ between those two runs draw random numbers: compared by output kinds only), then
@@ -91,6 +92,12 @@ NOTEBOOKS = {
     "11-List-Comprehensions": "",
     "12-Generators": "",
     "14-Strings-and-Regular-Expressions": "",
+    # https://github.com/jrjohansson/scientific-python-lectures (its notebooks at its top)
+    "Lecture-1-Introduction-to-Python-Programming": "",
+    "Lecture-2-Numpy": "numpy matplotlib",
+    "Lecture-3-Scipy": "numpy scipy matplotlib",
+    "Lecture-4-Matplotlib": "numpy matplotlib",
+    "Lecture-5-Sympy": "numpy sympy matplotlib",
 }
 FILES = [
     "data/births.csv",
@@ -99,6 +106,7 @@ FILES = [
     "data/state-areas.csv",
     "data/state-population.csv",
     "helpers_05_08.py",
+    "stockholm_td_adj.dat",
 ]
 #: cells left out because they download (from both versions alike)
 DOWNLOADS = ("fetch_olivetti_faces",)
