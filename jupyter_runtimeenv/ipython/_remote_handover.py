@@ -6,10 +6,11 @@ writes ``results.csv`` there, a module edited): its next ``%%remote`` cell must 
 worker of the new env, to see the new files. Before this, the names of the remote
 namespace were lost with the old worker (``from numpy import *`` in a remote cell, then
 ``np.savetxt`` in a notebook cell: the next remote cell had no ``dot``). Now the old worker
-writes them into a file as its last call (one pickle), and the new namespace's first cell
-loads them before it runs; what the kernel knows of them (which names a remote cell changed
-last) goes along. A name that cannot be pickled (a lock, an open file) stays behind, named
-with its cause. Local executors only: the new worker is on the same machine.
+writes them into a file as its last call (``_cell_handover.export``: one pickler for all,
+each name apart), and the new namespace's first cell loads them before it runs; what the
+kernel knows of them (which names a remote cell changed last) goes along. A name that
+cannot be pickled (a lock, an open file) stays behind, named with its cause. Local
+executors only: the new worker is on the same machine.
 
 Who calls it: ``remote_cell`` (``_namespace``, when the env changed since its last cell).
 """
