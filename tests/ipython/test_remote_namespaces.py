@@ -352,6 +352,16 @@ def test_magics_a_worker_cannot_run_are_refused(
     assert one_error_line(capsys).startswith(message)
 
 
+def in_project(shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A notebook's folder (``tmp_path/project``: ``tmp_path`` holds the cache), the kernel's
+    cwd and its default env's working dir."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    return project
+
+
 def test_writefile_writes_where_the_cell_runs(
     shell: InteractiveShell,
     capsys: pytest.CaptureFixture[str],
@@ -362,10 +372,7 @@ def test_writefile_writes_where_the_cell_runs(
     imports it in the next cell: moved to %%remote, the first was refused and the import
     failed. IPython's %%writefile (and its %%file): the file in the worker's cwd, the line
     IPython prints, ``-a``, ``{name}`` in the file name; the body is text, not code."""
-    project = tmp_path / "project"  # (tmp_path holds the cache)
-    project.mkdir()
-    monkeypatch.chdir(project)
-    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    project = in_project(shell, tmp_path, monkeypatch)
     run(shell, "stem = 'jre_written'")
     capsys.readouterr()
     body = "VALUE = 41\n# undefined_name is only text here\n"
@@ -395,11 +402,8 @@ def test_the_kernels_shell_aliases_run_in_the_worker(
     scripts/hello-world.py`` (IPython's aliases %ls and %cat, by automagic): moved to
     %%remote, both were refused. They run as commands in the worker's cwd, as IPython runs
     an alias (``%s`` a word each, ``%l`` the line, ``{name}`` expanded)."""
-    project = tmp_path / "project"  # (tmp_path holds the cache)
-    project.mkdir()
+    project = in_project(shell, tmp_path, monkeypatch)
     (project / "hello.py").write_text("print('hello')\n")
-    monkeypatch.chdir(project)
-    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
     run(shell, "name = 'hello.py'")
     run(shell, "%alias two echo %s and %s")
     run(shell, "%alias whole echo [%l]")
@@ -425,10 +429,7 @@ def test_the_namespace_moves_when_a_notebook_cell_writes_into_the_working_dir(
     env (to see the file): its namespace started empty, and 55 cells failed (``dot`` not
     defined). The names move to the new worker: one object under two names stays one, a
     function reads the new namespace's names, a lock is named as lost; the file is seen."""
-    project = tmp_path / "project"  # (tmp_path holds the cache)
-    project.mkdir()
-    monkeypatch.chdir(project)
-    run(shell, f"%runtime_env --working-dir {project} --no-eager-install")
+    in_project(shell, tmp_path, monkeypatch)
     body = (
         "%%remote\n"
         "from math import *\n"

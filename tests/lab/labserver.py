@@ -40,6 +40,19 @@ CHROMIUM_FLAGS = [
 BUILT = Path(sys.prefix, "share", "jupyter", "labextensions", "jupyter-runtimeenv", "package.json")
 
 
+#: A cell that shows a first remote call's result, then leaves a long one running (a busy
+#: worker for the sidebar to show, stop or lose).
+NAP_CELL = (
+    "import time\n"
+    "@remote\n"
+    "def nap(seconds):\n"
+    "    time.sleep(seconds)\n"
+    "    return seconds\n"
+    "print('first', nap.remote(0).result(timeout=120))\n"
+    "running = nap.remote(600)"
+)
+
+
 def needs_browser() -> list[pytest.MarkDecorator]:
     """The marks of a browser test: skipped without chromium, bounded in time."""
     return [

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from labserver import Lab, Page, needs_browser, notebook, toast
+from labserver import NAP_CELL, Lab, Page, needs_browser, notebook, toast
 
 pytest.importorskip("notebook", minversion="7")
 pytestmark = needs_browser()
@@ -21,13 +21,7 @@ CELLS = [
     "%load_ext jupyter_runtimeenv",
     "%runtime_env --env-var MODE=nb7 --no-widget",
     "%runtime_env --name slow --env-var SPEED=slow --no-widget",
-    "import time\n"
-    "@remote\n"
-    "def nap(seconds):\n"
-    "    time.sleep(seconds)\n"
-    "    return seconds\n"
-    "print('first', nap.remote(0).result(timeout=120))\n"
-    "running = nap.remote(600)",
+    NAP_CELL,
     "try:\n"
     "    running.result(timeout=120)\n"
     "except Exception as exc:\n"

@@ -15,20 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from labserver import Lab, Page, needs_browser, notebook, open_panel
+from labserver import NAP_CELL, Lab, Page, needs_browser, notebook, open_panel
 
 pytestmark = needs_browser()
 
 CELLS = [
     "%load_ext jupyter_runtimeenv",
     "%runtime_env --env-var MODE=files --no-widget",
-    "import time\n"
-    "@remote\n"
-    "def nap(seconds):\n"
-    "    time.sleep(seconds)\n"
-    "    return seconds\n"
-    "print('first', nap.remote(0).result(timeout=120))\n"
-    "running = nap.remote(600)",
+    NAP_CELL,
 ]
 
 

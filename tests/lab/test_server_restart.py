@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from labserver import Lab, Page, needs_browser, notebook
+from labserver import NAP_CELL, Lab, Page, needs_browser, notebook
 
 from tests.server.plugins import SCRIPT
 
@@ -25,13 +25,7 @@ pytestmark = needs_browser()
 CELLS = [
     "%load_ext jupyter_runtimeenv",
     "%runtime_env --env-var MODE=restart --no-widget",
-    "import time\n"
-    "@remote\n"
-    "def nap(seconds):\n"
-    "    time.sleep(seconds)\n"
-    "    return seconds\n"
-    "print('first', nap.remote(0).result(timeout=120))\n"
-    "running = nap.remote(600)",
+    NAP_CELL,
 ]
 
 
