@@ -28,9 +28,11 @@ _OWN_TYPES = frozenset({"matplotlib.figure.Figure"})
 _pristine: Any = None
 
 
-def kernel_printers(shell: Any) -> tuple[tuple[Any, ...], list[bytes]]:
-    """``(fingerprint, printers)``: what changed is told by the fingerprint (the printers'
-    identities); each printer is a pickle of ``(mime, type or (module, name), function)``."""
+def kernel_printers(shell: Any, known: Any = None) -> tuple[tuple[Any, ...], list[bytes]]:
+    """``(fingerprint, printers)``: the fingerprint tells what changed (the printers'
+    identities); each printer is a pickle of ``(mime, type or (module, name), function)``,
+    made only when the fingerprint is not ``known`` (what the worker has: pickling sympy's
+    22 printers takes ~3 ms, not to be paid by every cell)."""
     global _pristine
     formatter = getattr(shell, "display_formatter", None)
     formatters = getattr(formatter, "formatters", None)
@@ -52,7 +54,9 @@ def kernel_printers(shell: Any) -> tuple[tuple[Any, ...], list[bytes]]:
             if base.deferred_printers.get(key) is not printer and ".".join(key) not in _OWN_TYPES:
                 entries.append((mime, tuple(key), printer))
     fingerprint = tuple(sorted((m, _name(k), id(p)) for m, k, p in entries))
-    blobs = []
+    blobs: list[bytes] = []
+    if fingerprint == known:
+        return fingerprint, blobs
     for entry in entries:
         try:
             blobs.append(cloudpickle.dumps(entry))

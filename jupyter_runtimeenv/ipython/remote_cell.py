@@ -224,14 +224,14 @@ class RemoteCellMagics(Magics):
         if args.files_out:
             extra["files_out"] = tuple(args.files_out)
         style = kernel_style()
-        printed, printers = kernel_printers(self.shell)
         if space.seed:  # the names of the namespace this one replaced (_remote_handover)
             request["seed"], space.seed = space.seed, ""
         for _attempt in range(2):
             request["figures"] = figure_settings(self.shell)
             if style is not None and (style != space.style_sent or not sticky):
                 request["figures"]["style"] = style  # the notebook's own, changed since
-            if printed and (printed != space.printers_sent or not sticky):
+            printed, printers = kernel_printers(self.shell, space.printers_sent if sticky else None)
+            if printers:  # changed since its worker took them (or no worker keeps them)
                 request["printers"] = printers
             request["inputs"], files = self._inputs(args, code, space)
             request["namespace"] = {"key": space.key, "expected": space.expected()}
