@@ -5,7 +5,9 @@ When the local code of an env changes (a file written into its working dir, a mo
 edited), its next ``%%remote`` cell runs in a worker of the new env. ``export`` runs in the
 old worker, as its last call, and writes the namespace's names into one file: one pickler
 for all of them, so two names of one object stay one object, each name in a stretch of its
-own, so one that cannot be pickled (or loaded) is left out alone and named with its cause. A
+own, so one that cannot be pickled (or loaded) is left out alone and named with its cause
+(after a failure the pickling starts over without it, as a failed dump leaves its objects
+in the pickler's memo). A
 name that is an attribute of a module (what ``from pylab import *`` binds: ``rcParams``)
 goes as that reference, not as a copy. ``seed`` runs in the new worker before the cell: the
 names are loaded into its new namespace, and functions the cells defined read it as their
@@ -30,39 +32,65 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 def export(key: str, path: str) -> dict[str, Any]:
     """Write the names of namespace ``key`` to ``path``: ``carried`` (names), ``lost``
     (name -> why); ``missing`` when this worker does not hold it."""
-    import io
     import pickle
-
-    import cloudpickle
 
     module = sys.modules.get(_NAMESPACES)
     space = None if module is None else module.__dict__["spaces"].get(key)
     if space is None:
         return {"missing": True, "carried": [], "lost": {}}
     namespace: dict[str, Any] = space["ns"]
-    names = [n for n in namespace if n not in _OWN and not n.startswith("__")]
-    buffer = io.BytesIO()
-    pickler = cloudpickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    index: list[tuple[str, int, int]] = []  # name, start, end
+    values = {n: v for n, v in namespace.items() if n not in _OWN and not n.startswith("__")}
+    references = _module_attributes(values)
+    items = {
+        name: ("ref", references[name]) if name in references else ("value", value)
+        for name, value in values.items()
+    }
     lost: dict[str, str] = {}
-    for name in names:
-        value = namespace[name]
-        reference = _module_attribute(name, value)
-        start, memo = buffer.tell(), pickler.memo.copy()
-        try:
-            pickler.dump(("ref", reference) if reference else ("value", value))
-        except Exception as exc:
-            buffer.seek(start)
-            buffer.truncate(start)
-            pickler.memo = memo  # nothing of the failed one is referred to later
-            lost[name] = f"{type(exc).__name__}: {exc}"[:200]
-            continue
-        index.append((name, start, buffer.tell()))
+    written = None
+    while written is None:  # again only after a failure, without what failed (in ``lost``)
+        written = _pickled(items, lost)
+    data, index = written
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "wb") as file:
         pickle.dump(index, file)
-        file.write(buffer.getbuffer())
+        file.write(data)
     return {"carried": [name for name, _, _ in index], "lost": lost}
+
+
+def _pickled(
+    items: dict[str, Any], lost: dict[str, str]
+) -> tuple[bytes, list[tuple[str, int, int]]] | None:
+    """The items not in ``lost``, through one pickler (its memo shared: what two names share
+    stays shared), each in a stretch of its own: ``(bytes, [(name, start, end)])``. When
+    one fails, every item is tried alone (each that fails goes into ``lost``, with why) and
+    ``None`` is returned, for a new pass without them: a failed dump leaves entries in the
+    memo that later names could refer to."""
+    import io
+    import pickle
+
+    import cloudpickle
+
+    buffer = io.BytesIO()
+    pickler = cloudpickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    index: list[tuple[str, int, int]] = []
+    for name, item in items.items():
+        if name in lost:
+            continue
+        start = buffer.tell()
+        try:
+            pickler.dump(item)
+        except Exception as exc:
+            for other, each in items.items():
+                if other in lost:
+                    continue
+                try:
+                    cloudpickle.dumps(each, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as why:
+                    lost[other] = f"{type(why).__name__}: {why}"[:200]
+            lost.setdefault(name, f"{type(exc).__name__}: {exc}"[:200])
+            return None
+        index.append((name, start, buffer.tell()))
+    return buffer.getvalue(), index
 
 
 def seed(namespace: dict[str, Any], path: str) -> list[str]:
@@ -95,23 +123,29 @@ def seed(namespace: dict[str, Any], path: str) -> list[str]:
     return failed
 
 
-def _module_attribute(name: str, value: Any) -> tuple[str, str] | None:
-    """``(module, name)`` when ``value`` is that module's attribute of the same name (a
-    star import's, or ``from m import x``), other than a function, class or module (which
-    pickle as references already) or a plain value."""
-    if isinstance(value, (*_PLAIN, types.FunctionType, types.ModuleType, type)):
-        return None
-    found = None
+def _module_attributes(values: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """``name -> (module, name)`` for each value that is that module's attribute of the same
+    name (a star import's, or ``from m import x``), other than a function, class or module
+    (which pickle as references already) or a plain value. One pass over the modules."""
+    wanted = {
+        name
+        for name, value in values.items()
+        if not isinstance(value, (*_PLAIN, types.FunctionType, types.ModuleType, type))
+    }
+    found: dict[str, tuple[str, str]] = {}
     for module_name, module in list(sys.modules.items()):
         if module_name == "__main__" or module is None:
             continue
         try:
-            attribute = module.__dict__.get(name)
-        except Exception:
+            attributes = vars(module)
+        except TypeError:
             continue
-        if attribute is value and (found is None or len(module_name) < len(found)):
-            found = module_name
-    return None if found is None else (found, name)
+        for name in wanted & attributes.keys():
+            if attributes[name] is values[name] and (
+                name not in found or len(module_name) < len(found[name][0])
+            ):
+                found[name] = (module_name, name)
+    return found
 
 
 def _rebound(function: types.FunctionType, namespace: dict[str, Any]) -> types.FunctionType:
