@@ -3,13 +3,12 @@ kernel's).
 
 When the local code of an env changes (a file written into its working dir, a module
 edited), its next ``%%remote`` cell runs in a worker of the new env. ``export`` runs in the
-old worker, as its last call, and writes the namespace's names into one file: one pickler
+old worker (``_cell_runner.export_namespace``), as its last call, and writes the namespace's names into one file: one pickler
 for all of them, so two names of one object stay one object, each name in a stretch of its
 own, so one that cannot be pickled (or loaded) is left out alone and named with its cause
 (after a failure the pickling starts over without it, as a failed dump leaves its objects
-in the pickler's memo). A
-name that is an attribute of a module (what ``from pylab import *`` binds: ``rcParams``)
-goes as that reference, not as a copy. ``seed`` runs in the new worker before the cell: the
+in the pickler's memo). A name that is an attribute of a module (what ``from pylab import
+*`` binds: ``rcParams``) goes as that reference, not as a copy. ``seed`` runs in the new worker before the cell: the
 names are loaded into its new namespace, and functions the cells defined read it as their
 globals again. Shipped by value with the cell runner.
 """
@@ -21,25 +20,15 @@ import sys
 import types
 from typing import Any
 
-#: The module ``_cell_runner`` keeps the namespaces in (see ``_cell_runner.NAMESPACES``).
-_NAMESPACES = "_jupyter_runtimeenv_namespaces"
-#: What the runner puts in a namespace itself (``_cell_runner._OWN``): not carried.
-_OWN = frozenset({"__builtins__", "__name__", "get_ipython", "_", "_exit_code"})
 #: Values cheaper and safer to copy than to look up as a module's attribute.
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
-def export(key: str, path: str) -> dict[str, Any]:
-    """Write the names of namespace ``key`` to ``path``: ``carried`` (names), ``lost``
-    (name -> why); ``missing`` when this worker does not hold it."""
+def export(values: dict[str, Any], path: str) -> dict[str, Any]:
+    """Write a namespace's ``values`` (name -> value) to ``path``: ``carried`` (names),
+    ``lost`` (name -> why). Who calls it: ``_cell_runner.export_namespace``."""
     import pickle
 
-    module = sys.modules.get(_NAMESPACES)
-    space = None if module is None else module.__dict__["spaces"].get(key)
-    if space is None:
-        return {"missing": True, "carried": [], "lost": {}}
-    namespace: dict[str, Any] = space["ns"]
-    values = {n: v for n, v in namespace.items() if n not in _OWN and not n.startswith("__")}
     references = _module_attributes(values)
     items = {
         name: ("ref", references[name]) if name in references else ("value", value)

@@ -26,7 +26,7 @@ from typing import Any
 
 from .._exc_state import describe, safe_str
 from ._cell_display import add_printers, begin_cell, end_cell, format_object
-from ._cell_handover import seed
+from ._cell_handover import export, seed
 from ._cell_magics import RemoteShell
 from ._cell_values import aliases, dump, load, segment
 
@@ -128,6 +128,17 @@ def _outputs(namespace: dict[str, Any], names: list[str]) -> dict[str, Any]:
         name: versions(_modules_in(segment(bundle, name))) for name in bundle["names"]
     }
     return bundle
+
+
+def export_namespace(key: str, path: str) -> dict[str, Any]:
+    """The last call of a namespace's worker when its env's local code changed: its names
+    into ``path`` (``_cell_handover.export``); ``missing`` when this worker does not hold
+    it."""
+    space = _registry().get(key)
+    if space is None:
+        return {"missing": True, "carried": [], "lost": {}}
+    names = space["ns"].items()
+    return export({n: v for n, v in names if n not in _OWN and not n.startswith("__")}, path)
 
 
 def run_cell(request: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ writes ``results.csv`` there, a module edited): its next ``%%remote`` cell must 
 worker of the new env, to see the new files. Before this, the names of the remote
 namespace were lost with the old worker (``from numpy import *`` in a remote cell, then
 ``np.savetxt`` in a notebook cell: the next remote cell had no ``dot``). Now the old worker
-writes them into a file as its last call (``_cell_handover.export``: one pickler for all,
+writes them into a file as its last call (``_cell_runner.export_namespace``: one pickler for all,
 each name apart), and the new namespace's first cell loads them before it runs; what the
 kernel knows of them (which names a remote cell changed last) goes along. A name that
 cannot be pickled (a lock, an open file) stays behind, named with its cause. Local
@@ -23,7 +23,7 @@ import secrets
 import tempfile
 from typing import Any
 
-from . import _cell_handover
+from . import _cell_runner
 from ._remote_namespaces import RemoteNamespace
 
 __all__ = ["carry", "dropped", "replace"]
@@ -60,7 +60,7 @@ def carry(executor: Any, old: RemoteNamespace, new: RemoteNamespace) -> str:
         return _lost(old, "its worker is gone")
     path = os.path.join(tempfile.gettempdir(), f"jre-namespace-{secrets.token_hex(8)}.pickle")
     future = executor.submit(
-        _cell_handover.export,
+        _cell_runner.export_namespace,
         (old.key, path),
         {},
         runtime_env=old.spec,
