@@ -3,14 +3,15 @@ kernel's).
 
 When the local code of an env changes (a file written into its working dir, a module
 edited), its next ``%%remote`` cell runs in a worker of the new env. ``export`` runs in the
-old worker (``_cell_runner.export_namespace``), as its last call, and writes the namespace's names into one file: one pickler
-for all of them, so two names of one object stay one object, each name in a stretch of its
-own, so one that cannot be pickled (or loaded) is left out alone and named with its cause
-(after a failure the pickling starts over without it, as a failed dump leaves its objects
-in the pickler's memo). A name that is an attribute of a module (what ``from pylab import
-*`` binds: ``rcParams``) goes as that reference, not as a copy. ``seed`` runs in the new worker before the cell: the
-names are loaded into its new namespace, and functions the cells defined read it as their
-globals again. Shipped by value with the cell runner.
+old worker (``_cell_runner.export_namespace``), as its last call, and writes the namespace's
+names into one file: one pickler for all of them, so two names of one object stay one
+object, each name in a stretch of its own, so one that cannot be pickled (or loaded) is left
+out alone and named with its cause (after a failure the pickling starts over without it, as
+a failed dump leaves its objects in the pickler's memo). A name that is an attribute of a
+module (what ``from pylab import *`` binds: ``rcParams``) goes as that reference, not as a
+copy. ``seed`` runs in the new worker before the cell: the names are loaded into its new
+namespace, and functions the cells defined read it as their globals again. Shipped by value
+with the cell runner.
 """
 
 from __future__ import annotations
